@@ -1,0 +1,55 @@
+"""Chroma clients for the three deployment modes, behind one constructor.
+
+    memory      chromadb.EphemeralClient: in-process, nothing on disk (the default). Every
+                EphemeralClient in one process shares one database; namespaces keep episodes apart.
+    persistent  chromadb.PersistentClient(path): one process at a time may own a path.
+    http        chromadb.HttpClient to a ``chroma run --path DIR --host 127.0.0.1 --port P`` server:
+                the mode for many processes (rollout workers) sharing one store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import chromadb
+from chromadb.config import Settings
+
+from .errors import StoreUnavailableError
+
+_SETTINGS = Settings(anonymized_telemetry=False, allow_reset=False)
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    kind: str = "memory"  # memory | persistent | http
+    path: str | None = None  # persistent
+    host: str = "127.0.0.1"  # http
+    port: int = 8000  # http
+
+    def __post_init__(self):
+        if self.kind not in ("memory", "persistent", "http"):
+            raise ValueError(f"unknown Chroma backend {self.kind!r}; expected memory, persistent or http")
+        if self.kind == "persistent" and not self.path:
+            raise ValueError("the persistent backend needs a path")
+
+
+def make_client(config: BackendConfig | str = "memory", **kwargs) -> "chromadb.api.ClientAPI":
+    """A Chroma client for ``config`` (a BackendConfig, or its kind with fields as keywords).
+
+    An http server that cannot be reached raises StoreUnavailableError naming the address.
+    """
+    if isinstance(config, str):
+        config = BackendConfig(kind=config, **kwargs)
+    if config.kind == "memory":
+        return chromadb.EphemeralClient(settings=_SETTINGS)
+    if config.kind == "persistent":
+        return chromadb.PersistentClient(path=config.path, settings=_SETTINGS)
+    try:
+        client = chromadb.HttpClient(host=config.host, port=config.port, settings=_SETTINGS)
+        client.heartbeat()
+    except Exception as exc:  # chromadb raises ValueError/httpx errors depending on where it fails
+        raise StoreUnavailableError(
+            f"cannot reach the Chroma server at http://{config.host}:{config.port} ({exc}); "
+            f"start one with: chroma run --path DIR --host {config.host} --port {config.port}"
+        ) from exc
+    return client

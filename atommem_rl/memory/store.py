@@ -1,0 +1,593 @@
+"""AtomStore: one episode's long-term memory of atomic facts, on a Chroma collection.
+
+Operations (AtomMem's CRUD plus ROAM's relation labels):
+
+    create / create_many   validate, embed, add in batches within Chroma's limit (all or nothing)
+    read                   top-k Primary atoms by similarity, optional participant and time-window
+                           filters; each hit is a *fused view* (see ``fusion.py``)
+    update                 new text, previous text kept in the atom's history
+    delete                 role -> deleted: gone from retrieval, kept in the log and in Chroma
+    relate(new, old, lbl)  record a ROAM label; deterministic rules re-derive the roles of the atoms
+                           it touches; text is never rewritten
+
+Roles are a pure function of the relation links between *active* atoms (``_derive_role``), so a
+label, a deletion or a reopened store always yields the same roles. Priority when one new atom carries
+several labels: conflict > old-subsumed-by-new > equivalent > new-subsumed-by-old > independent.
+
+Consistency model: a namespace has one writer (the episode that owns it). Chroma is the source of
+truth; the store keeps a write-through mirror of atom metadata so relation rules, fusion and keyword
+scoring never need a round trip, and reopening a namespace (another process, a restarted server)
+rebuilds the mirror from Chroma. Every method validates before it writes and updates the mirror only
+after Chroma acknowledged the write, so a failed call leaves both exactly as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import chromadb
+import numpy as np
+from chromadb.errors import ChromaError
+
+from . import fusion
+from . import text as _text
+from .atom import (
+    DEMOTES_NEW,
+    DEMOTES_OLD,
+    PRIORITY,
+    RESERVED_PREFIX,
+    Atom,
+    HistoryEntry,
+    Relation,
+    Role,
+    TimeSpan,
+    from_chroma,
+    to_chroma_metadata,
+)
+from .backends import make_client
+from .embeddings import Embedder, HashingEmbedder
+from .errors import (
+    AtomNotFoundError,
+    InvalidAtomError,
+    InvalidMetadataError,
+    InvalidRelationError,
+    MemoryStoreError,
+    StoreUnavailableError,
+)
+
+_NAMESPACE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,180}[A-Za-z0-9])?$")
+_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+COLLECTION_PREFIX = "atommem-"
+
+
+@dataclass
+class AtomDraft:
+    """The fields a caller supplies for a new atom (everything else is derived)."""
+
+    text: str
+    participants: Sequence[str] = ()
+    keywords: Sequence[str] | None = None  # None: extracted from the text
+    time: Any = None  # date, ISO string, (start, end) or TimeSpan
+    event_ids: Sequence[str] = ()
+    source_ids: Sequence[str] = ()
+    metadata: dict[str, Any] | None = None
+    id: str | None = None  # None: the store assigns a1, a2, ...
+
+
+@dataclass
+class MemoryView:
+    """What retrieval returns: a Primary atom's fused view and how it was found."""
+
+    id: str
+    text: str  # fused: the atom's text plus folded-in changes and complementary details
+    score: float
+    atom: Atom
+    evidence_ids: list[str] = field(default_factory=list)
+
+
+def _translate(exc: Exception, what: str) -> MemoryStoreError:
+    """Map an exception from Chroma or its transport to the store's documented types."""
+    name = type(exc).__name__
+    if isinstance(exc, (ConnectionError, OSError, TimeoutError)) or "Connect" in name or "Timeout" in name:
+        return StoreUnavailableError(f"Chroma unreachable during {what}: {exc}")
+    return MemoryStoreError(f"Chroma rejected {what}: {name}: {exc}")
+
+
+class AtomStore:
+    """The long-term store of one namespace (one episode). See the module docstring."""
+
+    def __init__(
+        self,
+        namespace: str,
+        *,
+        client: "chromadb.api.ClientAPI | None" = None,
+        embedder: Embedder | None = None,
+        max_chars: int = 4000,
+        keyword_limit: int = 24,
+    ):
+        if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
+            raise InvalidAtomError(
+                f"namespace {namespace!r} must be 1-182 characters of [A-Za-z0-9._-], "
+                "starting and ending with a letter or digit"
+            )
+        self.namespace = namespace
+        self.client = client if client is not None else make_client("memory")
+        self.embedder = embedder if embedder is not None else HashingEmbedder()
+        self.max_chars = int(max_chars)
+        self.keyword_limit = int(keyword_limit)
+        self.collection = self._chroma(
+            "opening the collection",
+            self.client.get_or_create_collection,
+            name=COLLECTION_PREFIX + namespace,
+            embedding_function=self.embedder,
+            configuration={"hnsw": {"space": "cosine"}},
+        )
+        self.batch_size = int(self._chroma("reading the batch limit", self.client.get_max_batch_size))
+        self._atoms: dict[str, Atom] = {}
+        self._incoming: dict[str, set[str]] = {}  # old id -> ids of atoms that labelled it
+        self.clock = 0  # logical time: one tick per acknowledged write
+        self.version = 0  # bumps on every change; derived indexes (BM25, graph) rebuild lazily on it
+        self.log: list[dict[str, Any]] = []
+        self._load()
+
+    # ------------------------------------------------------------------ plumbing
+    def _chroma(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except MemoryStoreError:
+            raise
+        except (ChromaError, ValueError, TypeError) as exc:
+            if "Connect" in type(exc).__name__:
+                raise _translate(exc, what) from exc
+            raise MemoryStoreError(f"Chroma rejected {what}: {exc}") from exc
+        except Exception as exc:  # transport errors (httpx), Rust binding errors
+            raise _translate(exc, what) from exc
+
+    def _load(self) -> None:
+        """Rebuild the mirror from Chroma (a reopened namespace), page by page."""
+        offset = 0
+        while True:
+            page = self._chroma(
+                "loading atoms", self.collection.get, include=["documents", "metadatas"],
+                limit=self.batch_size, offset=offset,
+            )
+            for aid, doc, meta in zip(page["ids"], page["documents"], page["metadatas"]):
+                atom = from_chroma(aid, doc, meta)
+                self._atoms[aid] = atom
+                self.clock = max(self.clock, atom.updated_at, atom.created_at)
+            if len(page["ids"]) < self.batch_size:
+                break
+            offset += self.batch_size
+        for atom in self._atoms.values():
+            for old in atom.relations:
+                self._incoming.setdefault(old, set()).add(atom.id)
+        self._next_seq = 1 + max(
+            (int(a[1:]) for a in self._atoms if a.startswith("a") and a[1:].isdigit()), default=0
+        )
+
+    def _touch(self, op: str, **details) -> None:
+        self.version += 1
+        self.log.append({"op": op, "clock": self.clock, **details})
+
+    # ------------------------------------------------------------------ validation
+    def _clean_text(self, text: Any) -> str:
+        if not isinstance(text, str):
+            raise InvalidAtomError(f"atom text must be a string, got {type(text).__name__}")
+        cleaned = text.strip()
+        if not cleaned:
+            raise InvalidAtomError("atom text is empty or whitespace")
+        if len(cleaned) > self.max_chars:
+            raise InvalidAtomError(
+                f"atom text has {len(cleaned)} characters; the cap is {self.max_chars} "
+                "(store an atomic fact, or split the text)"
+            )
+        if "\x00" in cleaned:
+            raise InvalidAtomError("atom text contains a NUL character")
+        return cleaned
+
+    @staticmethod
+    def _clean_strings(values: Any, what: str) -> tuple[str, ...]:
+        if values is None:
+            return ()
+        if isinstance(values, str):
+            values = [values]
+        if not isinstance(values, (list, tuple)):
+            raise InvalidAtomError(f"{what} must be a list of strings, got {type(values).__name__}")
+        out: dict[str, None] = {}
+        for v in values:
+            if not isinstance(v, str) or not v.strip():
+                raise InvalidAtomError(f"{what} must be non-empty strings, got {v!r}")
+            out.setdefault(v.strip(), None)
+        return tuple(out)
+
+    @staticmethod
+    def _clean_metadata(meta: Any) -> dict[str, Any]:
+        if meta is None:
+            return {}
+        if not isinstance(meta, dict):
+            raise InvalidMetadataError(f"metadata must be a dict, got {type(meta).__name__}")
+        out = {}
+        for key, value in meta.items():
+            if not isinstance(key, str) or not key:
+                raise InvalidMetadataError(f"metadata keys must be non-empty strings, got {key!r}")
+            if key.startswith(RESERVED_PREFIX):
+                raise InvalidMetadataError(f"metadata key {key!r} uses the store's reserved prefix")
+            if value is None or isinstance(value, (str, bool, int, float)):
+                if isinstance(value, float) and not np.isfinite(value):
+                    raise InvalidMetadataError(f"metadata {key!r} is not a finite number: {value!r}")
+                out[key] = value
+                continue
+            if isinstance(value, (list, tuple)):
+                if not value:
+                    raise InvalidMetadataError(f"metadata {key!r} is an empty list; Chroma stores None instead")
+                kinds = {type(v) for v in value}
+                if len(kinds) != 1 or not kinds <= {str, int, float, bool}:
+                    raise InvalidMetadataError(
+                        f"metadata {key!r} must be a list of one scalar type, got {sorted(k.__name__ for k in kinds)}"
+                    )
+                out[key] = list(value)
+                continue
+            raise InvalidMetadataError(
+                f"metadata {key!r} has a {type(value).__name__}; Chroma stores str, int, float, bool, None "
+                "or non-empty lists of one of those"
+            )
+        return out
+
+    def _draft_to_atom(self, draft: AtomDraft, atom_id: str, clock: int) -> Atom:
+        text = self._clean_text(draft.text)
+        kws = (
+            _text.keywords(text, self.keyword_limit)
+            if draft.keywords is None
+            else self._clean_strings(draft.keywords, "keywords")
+        )
+        return Atom(
+            id=atom_id,
+            text=text,
+            participants=self._clean_strings(draft.participants, "participants"),
+            keywords=kws,
+            time=TimeSpan.parse(draft.time),
+            event_ids=self._clean_strings(draft.event_ids, "event_ids"),
+            source_ids=self._clean_strings(draft.source_ids, "source_ids"),
+            created_at=clock,
+            updated_at=clock,
+            metadata=self._clean_metadata(draft.metadata),
+        )
+
+    def _live(self, atom_id: Any) -> Atom:
+        if not isinstance(atom_id, str):
+            raise AtomNotFoundError(f"atom id must be a string, got {type(atom_id).__name__}")
+        atom = self._atoms.get(atom_id)
+        if atom is None:
+            raise AtomNotFoundError(f"no atom {atom_id!r} in namespace {self.namespace!r}")
+        if not atom.active:
+            raise AtomNotFoundError(f"atom {atom_id!r} was deleted")
+        return atom
+
+    # ------------------------------------------------------------------ queries on the mirror
+    def __len__(self) -> int:
+        return sum(1 for a in self._atoms.values() if a.active)
+
+    def __contains__(self, atom_id: object) -> bool:
+        atom = self._atoms.get(atom_id)  # type: ignore[arg-type]
+        return atom is not None and atom.active
+
+    def get(self, atom_id: str) -> Atom:
+        """The atom (a copy is not made: treat it as read-only). Deleted atoms raise."""
+        return self._live(atom_id)
+
+    def get_any(self, atom_id: str) -> Atom | None:
+        """The atom whatever its role (deleted included), or None."""
+        return self._atoms.get(atom_id)
+
+    def atoms(self, *, roles: Iterable[Role] = (Role.PRIMARY, Role.EVIDENCE)) -> list[Atom]:
+        """Atoms with the given roles, in creation order."""
+        wanted = set(roles)
+        return sorted((a for a in self._atoms.values() if a.role in wanted), key=lambda a: a.created_at)
+
+    def count(self, role: Role | None = None) -> int:
+        if role is None:
+            return len(self)
+        return sum(1 for a in self._atoms.values() if a.role is role)
+
+    # ------------------------------------------------------------------ create
+    def create(self, text: str, **fields) -> Atom:
+        """Create one atom; ``fields`` are those of :class:`AtomDraft`."""
+        return self.create_many([AtomDraft(text=text, **fields)])[0]
+
+    def create_many(self, drafts: Sequence[AtomDraft | dict]) -> list[Atom]:
+        """Create atoms in Chroma-sized batches. All are validated first; if a batch fails after
+        others were written, those are removed again, so the call is all or nothing."""
+        drafts = [d if isinstance(d, AtomDraft) else AtomDraft(**d) for d in drafts]
+        if not drafts:
+            return []
+        clock = self.clock + 1
+        atoms, seq, seen = [], self._next_seq, set()
+        for d in drafts:
+            if d.id is None:
+                while f"a{seq}" in self._atoms or f"a{seq}" in seen:
+                    seq += 1
+                aid = f"a{seq}"
+                seq += 1
+            else:
+                aid = d.id
+                if not isinstance(aid, str) or not _ID.match(aid):
+                    raise InvalidAtomError(f"atom id {aid!r} must be 1-128 characters of [A-Za-z0-9_.:-]")
+                if aid in self._atoms or aid in seen:
+                    raise InvalidAtomError(f"atom id {aid!r} already exists in namespace {self.namespace!r}")
+            seen.add(aid)
+            atoms.append(self._draft_to_atom(d, aid, clock))
+        vectors = self.embedder.embed([a.text for a in atoms])
+        written: list[str] = []
+        try:
+            for start in range(0, len(atoms), self.batch_size):
+                chunk = atoms[start : start + self.batch_size]
+                self._chroma(
+                    "adding atoms", self.collection.add,
+                    ids=[a.id for a in chunk],
+                    documents=[a.text for a in chunk],
+                    embeddings=vectors[start : start + len(chunk)],
+                    metadatas=[to_chroma_metadata(a) for a in chunk],
+                )
+                written.extend(a.id for a in chunk)
+        except MemoryStoreError:
+            if written:  # roll back the batches that did land
+                for s in range(0, len(written), self.batch_size):
+                    try:
+                        self.collection.delete(ids=written[s : s + self.batch_size])
+                    except Exception:  # the original error is the one worth reporting
+                        pass
+            raise
+        self.clock = clock
+        self._next_seq = seq
+        for a in atoms:
+            self._atoms[a.id] = a
+        self._touch("create", ids=[a.id for a in atoms])
+        return atoms
+
+    # ------------------------------------------------------------------ read
+    def read(
+        self,
+        query: str,
+        k: int = 6,
+        *,
+        participants: Sequence[str] | None = None,
+        time_window: Any = None,
+        include_evidence: bool = False,
+        query_embedding: np.ndarray | None = None,
+    ) -> list[MemoryView]:
+        """Top-k atoms by embedding similarity to ``query``, as fused views, best first.
+
+        Only Primary atoms are returned unless ``include_evidence``; ``participants`` keeps atoms that
+        name any of them; ``time_window`` (date, ISO string or range) keeps atoms whose time anchor
+        overlaps it (atoms without one are dropped by a time filter).
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidAtomError("read query is empty or whitespace")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise InvalidAtomError(f"k must be a positive integer, got {k!r}")
+        where = self.where(participants=participants, time_window=time_window, include_evidence=include_evidence)
+        if query_embedding is None:
+            query_embedding = self.embedder.embed([query[: self.max_chars]])
+        res = self._chroma(
+            "querying atoms", self.collection.query,
+            query_embeddings=np.asarray(query_embedding, dtype=np.float32).reshape(1, -1),
+            n_results=k, where=where, include=["distances"],
+        )
+        views = []
+        for aid, dist in zip(res["ids"][0], res["distances"][0]):
+            atom = self._atoms.get(aid)
+            if atom is not None:
+                views.append(self.view(aid, score=1.0 - float(dist)))
+        self._touch("read", query=query[:200], ids=[v.id for v in views])
+        return views
+
+    def where(self, *, participants=None, time_window=None, include_evidence=False) -> dict:
+        """The Chroma ``where`` filter for a read (one top-level key, clauses joined with $and)."""
+        roles = [Role.PRIMARY.value, Role.EVIDENCE.value] if include_evidence else [Role.PRIMARY.value]
+        clauses: list[dict] = [{RESERVED_PREFIX + "role": {"$in": roles}}]
+        people = self._clean_strings(participants, "participants")
+        if people:
+            ors = [{RESERVED_PREFIX + "participants": {"$contains": p}} for p in people]
+            clauses.append(ors[0] if len(ors) == 1 else {"$or": ors})
+        span = TimeSpan.parse(time_window)
+        if span is not None:
+            clauses.append({RESERVED_PREFIX + "t0": {"$lte": span.end.toordinal()}})
+            clauses.append({RESERVED_PREFIX + "t1": {"$gte": span.start.toordinal()}})
+        return clauses[0] if len(clauses) == 1 else {"$and": clauses}
+
+    def view(self, atom_id: str, score: float = 1.0) -> MemoryView:
+        """The fused view of an atom (see ``fusion.py``)."""
+        atom = self._live(atom_id)
+        text, evidence = fusion.fused_view(self, atom)
+        return MemoryView(id=atom.id, text=text, score=score, atom=atom, evidence_ids=evidence)
+
+    # ------------------------------------------------------------------ update / delete
+    def update(self, atom_id: str, text: str, *, time: Any = None, keywords: Sequence[str] | None = None) -> Atom:
+        """Replace an atom's text; the previous text goes into its history (with ``time`` as the
+        date of the change when given). The atom keeps its id, role and relations."""
+        atom = self._live(atom_id)
+        new_text = self._clean_text(text)
+        span = TimeSpan.parse(time)
+        kws = _text.keywords(new_text, self.keyword_limit) if keywords is None else self._clean_strings(keywords, "keywords")
+        clock = self.clock + 1
+        new = dataclasses.replace(
+            atom,
+            text=new_text,
+            keywords=kws,
+            time=span if span is not None else atom.time,
+            history=atom.history + [HistoryEntry(atom.text, clock, None if span is None else span.start.isoformat())],
+            relations=dict(atom.relations),
+            metadata=dict(atom.metadata),
+            updated_at=clock,
+        )
+        self._chroma(
+            "updating an atom", self.collection.update,
+            ids=[new.id], documents=[new.text], embeddings=self.embedder.embed([new.text]),
+            metadatas=[to_chroma_metadata(new)],
+        )
+        self.clock = clock
+        self._atoms[new.id] = new
+        self._touch("update", id=new.id, previous=atom.text)
+        return new
+
+    def delete(self, atom_id: str) -> Atom:
+        """Remove an atom from retrieval. Atoms it had demoted are re-derived (they may become
+        Primary again); it stays in Chroma and in the log with role ``deleted``."""
+        atom = self._live(atom_id)
+        changed = {atom.id: Role.DELETED}
+        affected = set(atom.relations) | self._incoming.get(atom.id, set())
+        changed.update(self._rederive(affected, overrides=changed))
+        self._write_roles(changed, "deleting an atom")
+        self._touch("delete", id=atom.id, text=atom.text, roles={k: v.value for k, v in changed.items()})
+        return self._atoms[atom.id]
+
+    # ------------------------------------------------------------------ relations
+    def relate(self, new_id: str, old_id: str, label: str | Relation) -> dict[str, Role]:
+        """Record ``label(new, old)``; returns the roles that changed (id -> role).
+
+        A pair carries one label: relating it again (either direction) replaces the earlier label.
+        Labels that would make atoms demote each other in a cycle are refused.
+        """
+        try:
+            rel = Relation.parse(label)
+        except ValueError as exc:
+            raise InvalidRelationError(str(exc)) from None
+        if new_id == old_id:
+            raise InvalidRelationError(f"an atom cannot be related to itself ({new_id!r})")
+        new, old = self._live(new_id), self._live(old_id)
+        links = {new.id: dict(new.relations), old.id: dict(old.relations)}
+        links[old.id].pop(new.id, None)  # one label per pair
+        links[new.id][old.id] = rel
+        if self._would_cycle(new.id, old.id, rel, links):
+            raise InvalidRelationError(
+                f"{rel.value}({new.id}, {old.id}) would make atoms demote each other in a cycle"
+            )
+        clock = self.clock + 1
+        staged = {aid: dataclasses.replace(self._atoms[aid], relations=rels, updated_at=clock) for aid, rels in links.items()}
+        roles = self._rederive({new.id, old.id}, staged=staged)
+        for aid, role in roles.items():
+            base = staged.get(aid, self._atoms[aid])
+            staged[aid] = dataclasses.replace(base, role=role, updated_at=clock)
+        self._write(staged, "relating atoms", clock)
+        self._incoming.setdefault(old.id, set()).add(new.id)
+        self._incoming.get(new.id, set()).discard(old.id)
+        self._touch("relate", new=new.id, old=old.id, label=rel.value, roles={k: v.value for k, v in roles.items()})
+        return roles
+
+    def _demoters(self, atom_id: str, staged: dict[str, Atom]) -> Iterable[tuple[Atom, Relation]]:
+        """(atom, label) for every active atom holding a label *about* ``atom_id``."""
+        for src in self._incoming.get(atom_id, set()) | {s for s, a in staged.items() if atom_id in a.relations}:
+            a = staged.get(src, self._atoms.get(src))
+            if a is not None and a.active and atom_id in a.relations:
+                yield a, a.relations[atom_id]
+
+    def _top_label(self, atom: Atom, staged: dict[str, Atom]) -> Relation | None:
+        best = None
+        for old_id, rel in atom.relations.items():
+            old = staged.get(old_id, self._atoms.get(old_id))
+            if old is None or not old.active:
+                continue
+            if best is None or PRIORITY[rel] > PRIORITY[best]:
+                best = rel
+        return best
+
+    def _derive_role(self, atom: Atom, staged: dict[str, Atom]) -> Role:
+        """Evidence when its own winning label says it is covered by an older atom (EQV, NSO), or
+        when an active atom labelled it outdated or subsumed (CON, OSN); Primary otherwise."""
+        if not atom.active:
+            return Role.DELETED
+        if self._top_label(atom, staged) in DEMOTES_NEW:
+            return Role.EVIDENCE
+        if any(rel in DEMOTES_OLD for _, rel in self._demoters(atom.id, staged)):
+            return Role.EVIDENCE
+        return Role.PRIMARY
+
+    def _rederive(self, ids: Iterable[str], *, staged: dict[str, Atom] | None = None,
+                  overrides: dict[str, Role] | None = None) -> dict[str, Role]:
+        """New roles for ``ids`` (only those that differ from the current one)."""
+        staged = dict(staged or {})
+        for aid, role in (overrides or {}).items():
+            staged[aid] = dataclasses.replace(staged.get(aid, self._atoms[aid]), role=role)
+        out = {}
+        for aid in ids:
+            atom = staged.get(aid, self._atoms.get(aid))
+            if atom is None or not atom.active:
+                continue
+            role = self._derive_role(atom, staged)
+            if role is not self._atoms[aid].role:
+                out[aid] = role
+        return out
+
+    def _would_cycle(self, new_id: str, old_id: str, rel: Relation, links: dict[str, dict]) -> bool:
+        """Would the label close a loop in the demotion graph (edge a -> b: a keeps b as evidence)?
+
+        ``links`` overrides the outgoing labels of the two atoms being related. Every CON/OSN and
+        EQV/NSO label counts, whether or not it currently wins, so no later change can form a loop.
+        """
+        if rel is Relation.INDEPENDENT:
+            return False
+        winner, covered = (new_id, old_id) if rel in DEMOTES_OLD else (old_id, new_id)
+
+        def outgoing(aid: str) -> dict:
+            return links.get(aid, self._atoms[aid].relations)
+
+        def successors(aid: str) -> Iterable[str]:
+            for other, r in outgoing(aid).items():
+                if r in DEMOTES_OLD and other in self:
+                    yield other
+            for src in self._incoming.get(aid, set()) | {s for s, l in links.items() if aid in l}:
+                if src in self and outgoing(src).get(aid) in DEMOTES_NEW:
+                    yield src
+
+        stack, seen = [covered], set()
+        while stack:  # is there already a path covered -> ... -> winner?
+            cur = stack.pop()
+            if cur == winner:
+                return True
+            if cur not in seen:
+                seen.add(cur)
+                stack.extend(successors(cur))
+        return False
+
+    # ------------------------------------------------------------------ role writes
+    def _write_roles(self, roles: dict[str, Role], what: str) -> None:
+        clock = self.clock + 1
+        staged = {aid: dataclasses.replace(self._atoms[aid], role=r, updated_at=clock) for aid, r in roles.items()}
+        self._write(staged, what, clock)
+
+    def _write(self, staged: dict[str, Atom], what: str, clock: int) -> None:
+        """Write metadata of several atoms in one Chroma call, then commit them to the mirror."""
+        if staged:
+            ids = list(staged)
+            self._chroma(what, self.collection.update, ids=ids, metadatas=[to_chroma_metadata(staged[i]) for i in ids])
+            self._atoms.update(staged)
+        self.clock = clock
+
+    # ------------------------------------------------------------------ lifecycle
+    def drop(self) -> None:
+        """Delete the namespace's collection (the episode is over)."""
+        self._chroma("dropping the namespace", self.client.delete_collection, COLLECTION_PREFIX + self.namespace)
+        self._atoms.clear()
+        self._incoming.clear()
+        self._touch("drop")
+
+    def snapshot(self) -> list[dict]:
+        """Every atom (deleted included) as plain dicts: for trajectories, the viewer and tests."""
+        return [a.to_dict() for a in sorted(self._atoms.values(), key=lambda a: a.created_at)]
+
+    @staticmethod
+    def now() -> str:
+        return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def wall_ms(fn, *args, **kwargs) -> tuple[Any, float]:
+    """(result, elapsed milliseconds) of one call; used by the benchmarks."""
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, (time.perf_counter() - t0) * 1e3
