@@ -1,0 +1,44 @@
+"""The ``atommem`` console script: one subcommand per module in ``atommem_rl.commands``.
+
+Each command module defines ``register(subparsers)`` (adds its parser, sets ``func``) so that a
+command's flags and its implementation live together; this file only lists them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> module in atommem_rl.commands (an import path, not a registry)
+COMMANDS = {
+    "quickstart": "quickstart",
+    "data": "data",
+    "bench": "bench",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="atommem",
+        description="AtomMem-RL: train language models to manage an atomic long-term memory.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        importlib.import_module(f"atommem_rl.commands.{module}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, ConnectionError) as exc:
+        print(f"atommem {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
