@@ -16,7 +16,11 @@ from chromadb.config import Settings
 
 from .errors import StoreUnavailableError
 
-_SETTINGS = Settings(anonymized_telemetry=False, allow_reset=False)
+
+
+def _settings() -> Settings:
+    # a fresh object per client: HttpClient writes its host and port into the settings it is given
+    return Settings(anonymized_telemetry=False, allow_reset=False)
 
 
 @dataclass(frozen=True)
@@ -41,11 +45,11 @@ def make_client(config: BackendConfig | str = "memory", **kwargs) -> "chromadb.a
     if isinstance(config, str):
         config = BackendConfig(kind=config, **kwargs)
     if config.kind == "memory":
-        return chromadb.EphemeralClient(settings=_SETTINGS)
+        return chromadb.EphemeralClient(settings=_settings())
     if config.kind == "persistent":
-        return chromadb.PersistentClient(path=config.path, settings=_SETTINGS)
+        return chromadb.PersistentClient(path=config.path, settings=_settings())
     try:
-        client = chromadb.HttpClient(host=config.host, port=config.port, settings=_SETTINGS)
+        client = chromadb.HttpClient(host=config.host, port=config.port, settings=_settings())
         client.heartbeat()
     except Exception as exc:  # chromadb raises ValueError/httpx errors depending on where it fails
         raise StoreUnavailableError(

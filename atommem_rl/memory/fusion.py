@@ -4,8 +4,10 @@ A Primary atom P keeps as evidence (transitively):
   * atoms it superseded (P labelled them ``conflict``): temporal changes, shown as
     ``previously: <old text> (until <date P starts>)``, most recent first, chained;
   * its own earlier texts from ``update`` (history), shown the same way;
-  * atoms it subsumes or that are equivalent to it: shown as ``also: <text>`` only when they add
-    terms P's view does not already contain (complementary details); pure duplicates add nothing.
+  * atoms labelled equivalent to it: never shown (a paraphrase adds nothing);
+  * atoms in a subsumption relation with it: shown as ``also: <text>`` only when they add terms P's
+    view does not already contain (complementary details). By the label they should add nothing,
+    but labels come from a model and may be wrong; the term check keeps the detail visible then.
 
 The view is what retrieval returns, so redundant and outdated atoms never compete with the current
 fact for the k slots, yet the change history stays answerable ("where did X live before?").
@@ -63,7 +65,7 @@ def fused_view(store: "AtomStore", atom: Atom) -> tuple[str, list[str]]:
             if rel is Relation.CONFLICT:
                 until = f" (until {node.time.start.isoformat()})" if node.time is not None else ""
                 changes.append(ev.text + until)
-            else:
+            elif rel is not Relation.EQUIVALENT:
                 extra = [k for k in ev.keywords if k not in covered]
                 if extra:
                     details.append(ev.text)

@@ -136,6 +136,20 @@ class AtomStore:
         self.log: list[dict[str, Any]] = []
         self._load()
 
+    @classmethod
+    def open(cls, namespace: str, *, client: "chromadb.api.ClientAPI", **kwargs) -> "AtomStore":
+        """Reopen an existing namespace with the embedder it was written with: Chroma persisted the
+        embedder's name and config, and our embedders are registered, so it is rebuilt from them."""
+        name = COLLECTION_PREFIX + namespace
+        try:
+            col = client.get_collection(name)
+        except Exception as exc:
+            raise AtomNotFoundError(f"no namespace {namespace!r} in this Chroma database ({exc})") from exc
+        embedder = col.configuration.get("embedding_function")
+        if not isinstance(embedder, Embedder):
+            raise MemoryStoreError(f"namespace {namespace!r} was not written by AtomStore (embedder {embedder!r})")
+        return cls(namespace, client=client, embedder=embedder, **kwargs)
+
     # ------------------------------------------------------------------ plumbing
     def _chroma(self, what: str, fn, *args, **kwargs):
         try:

@@ -1,0 +1,111 @@
+"""Shared fixtures: real Chroma in its three modes (no mocks anywhere).
+
+``chroma_server`` starts ``chroma run --path DIR --host 127.0.0.1 --port P`` as a subprocess, waits
+for its heartbeat and stops it afterwards; tests that need a server in another state (killed,
+restarted) use :class:`ChromaServer` directly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def chroma_executable() -> str:
+    exe = Path(sys.executable).with_name("chroma")
+    return str(exe) if exe.exists() else (shutil.which("chroma") or "chroma")
+
+
+class ChromaServer:
+    """A real ``chroma run`` process on 127.0.0.1 with a persistent path."""
+
+    def __init__(self, path: Path, port: int | None = None):
+        self.path, self.port = Path(path), port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> "ChromaServer":
+        log = open(self.path.parent / f"chroma-{self.port}.log", "ab")
+        self.proc = subprocess.Popen(
+            [chroma_executable(), "run", "--path", str(self.path), "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        import httpx
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"chroma run exited with {self.proc.returncode}; see {log.name}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/api/v2/heartbeat", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"chroma run did not answer on port {self.port} within {timeout}s")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="session")
+def chroma_server(tmp_path_factory):
+    server = ChromaServer(tmp_path_factory.mktemp("chroma-server") / "db").start()
+    yield server
+    server.stop()
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace no other test uses (EphemeralClients in one process share one database)."""
+    return f"t{next(_counter)}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def store(namespace):
+    from atommem_rl.memory.embeddings import HashingEmbedder
+    from atommem_rl.memory.store import AtomStore
+
+    s = AtomStore(namespace, embedder=HashingEmbedder(128))
+    yield s
+    try:
+        s.drop()
+    except Exception:
+        pass
