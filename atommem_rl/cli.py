@@ -13,7 +13,6 @@ import sys
 # subcommand -> module in atommem_rl.commands (an import path, not a registry)
 COMMANDS = {
     "quickstart": "quickstart",
-    "data": "data",
     "bench": "bench",
 }
 

@@ -1,0 +1,185 @@
+"""``atommem bench memory``: latency of each store operation next to the raw Chroma call it wraps,
+and Random Walk with Restart next to networkx personalised PageRank.
+
+Method. For each size N (default 1k, 10k, 100k atoms) two collections in one in-memory Chroma
+database are filled with the same N atoms (hashing embeddings, so the embedding model's cost is
+out of the figure): one through ``AtomStore.create_many``, one through ``collection.add`` with the
+same documents, embeddings and metadata. Then each operation is timed ``repeats`` times, the store
+call and the raw call alternating in one loop so that machine noise hits both alike, and the medians
+and their ratio are reported. The raw call is exactly what the store op sends to Chroma:
+
+    create  collection.add(1 id, document, embedding, metadata)
+    read    collection.query(1 embedding, k=6, where=role filter)
+    update  collection.update(1 id, document, embedding, metadata)
+    delete  collection.update(1 id, metadata)            (delete = role -> deleted, kept for the log)
+    relate  collection.update(2 ids, metadatas)           (the two atoms' labels and roles)
+
+The store's extra cost is validation, keyword extraction, hashing the text, metadata encoding,
+the mirror and (for read) building fused views.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import uuid
+from typing import Callable
+
+import numpy as np
+
+from ..memory.atom import RESERVED_PREFIX, Atom, Role, to_chroma_metadata
+from ..memory.backends import make_client
+from ..memory.embeddings import HashingEmbedder
+from ..memory.store import COLLECTION_PREFIX, AtomDraft, AtomStore
+
+_WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar "
+          "papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+_PEOPLE = ("Ann", "Bob", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hal")
+
+
+def synthetic_fact(rng: np.random.Generator, i: int) -> AtomDraft:
+    who = _PEOPLE[i % len(_PEOPLE)]
+    words = " ".join(rng.choice(_WORDS, size=6))
+    return AtomDraft(text=f"{who} noted fact {i}: {words} item{i}", participants=[who],
+                     time=f"2023-{1 + i % 12:02d}-{1 + i % 28:02d}")
+
+
+def _median_ms(samples: list[float]) -> float:
+    return round(statistics.median(samples) * 1e3, 4)
+
+
+def _paired(ours: Callable[[int], object], raw: Callable[[int], object], repeats: int) -> dict:
+    """Alternate ours/raw ``repeats`` times (order flipped every other round) and take medians."""
+    t_ours, t_raw = [], []
+    for i in range(repeats):
+        order = ((ours, t_ours), (raw, t_raw)) if i % 2 == 0 else ((raw, t_raw), (ours, t_ours))
+        for fn, bucket in order:
+            t0 = time.perf_counter()
+            fn(i)
+            bucket.append(time.perf_counter() - t0)
+    o, r = _median_ms(t_ours), _median_ms(t_raw)
+    return {"ours_ms": o, "chroma_ms": r, "ratio": round(o / r, 3) if r else None}
+
+
+def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict]:
+    """Median latency of every store op against its raw Chroma call, with ``n_atoms`` stored."""
+    rng = np.random.default_rng(seed)
+    client = make_client("memory")
+    emb = HashingEmbedder(384)
+    tag = uuid.uuid4().hex[:8]
+    store = AtomStore(f"bench-{tag}", client=client, embedder=emb)
+    raw = client.get_or_create_collection(
+        f"{COLLECTION_PREFIX}bench-raw-{tag}", embedding_function=emb, configuration={"hnsw": {"space": "cosine"}}
+    )
+    drafts = [synthetic_fact(rng, i) for i in range(n_atoms)]
+    store.create_many(drafts)
+    # the raw collection gets byte-identical content
+    atoms = store.atoms()
+    vecs = emb.embed([a.text for a in atoms])
+    for s in range(0, len(atoms), store.batch_size):
+        chunk = atoms[s : s + store.batch_size]
+        raw.add(ids=[a.id for a in chunk], documents=[a.text for a in chunk],
+                embeddings=vecs[s : s + len(chunk)], metadatas=[to_chroma_metadata(a) for a in chunk])
+
+    fresh = [synthetic_fact(rng, n_atoms + i) for i in range(4 * repeats + 8)]
+    fresh_vecs = emb.embed([d.text for d in fresh])
+    queries = [f"what did {_PEOPLE[i % 8]} note about {' '.join(rng.choice(_WORDS, 3))}" for i in range(repeats)]
+    query_vecs = emb.embed(queries)
+    where = {RESERVED_PREFIX + "role": {"$in": [Role.PRIMARY.value]}}
+    out: dict[str, dict] = {}
+
+    # raw calls send the metadata the store op sends (same fields, same sizes), precomputed
+    fresh_meta = [to_chroma_metadata(a) for a in _as_atoms(store, fresh)]
+    stored_meta = [to_chroma_metadata(a) for a in atoms]
+    meta = fresh_meta.__getitem__
+
+    # create: a new atom each round on both sides
+    out["create"] = _paired(
+        lambda i: store.create(fresh[i].text, participants=fresh[i].participants, time=fresh[i].time),
+        lambda i: raw.add(ids=[f"r{i}"], documents=[fresh[i].text], embeddings=fresh_vecs[i : i + 1],
+                          metadatas=[meta(i)]),
+        repeats,
+    )
+    out["read"] = _paired(
+        lambda i: store.read(queries[i], k=6),
+        lambda i: raw.query(query_embeddings=query_vecs[i : i + 1], n_results=6, where=where),
+        repeats,
+    )
+    ids = [a.id for a in atoms]
+    upd = repeats  # offset into the fresh texts
+    out["update"] = _paired(
+        lambda i: store.update(ids[i], fresh[upd + i].text),
+        lambda i: raw.update(ids=[ids[i]], documents=[fresh[upd + i].text],
+                             embeddings=fresh_vecs[upd + i : upd + i + 1], metadatas=[meta(upd + i)]),
+        repeats,
+    )
+    base = repeats  # relate pairs (ids[base + 2i], ids[base + 2i + 1]) untouched so far
+    out["relate"] = _paired(
+        lambda i: store.relate(ids[base + 2 * i], ids[base + 2 * i + 1], "conflict"),
+        lambda i: raw.update(ids=[ids[base + 2 * i], ids[base + 2 * i + 1]], metadatas=[stored_meta[base + 2 * i], stored_meta[base + 2 * i + 1]]),
+        repeats,
+    )
+    dbase = base + 2 * repeats
+    out["delete"] = _paired(
+        lambda i: store.delete(ids[dbase + i]),
+        lambda i: raw.update(ids=[ids[dbase + i]], metadatas=[stored_meta[dbase + i]]),
+        repeats,
+    )
+    for op in out.values():
+        op["atoms"] = n_atoms
+    client.delete_collection(raw.name)
+    store.drop()
+    return out
+
+
+def _as_atoms(store: AtomStore, drafts: list[AtomDraft]) -> list[Atom]:
+    return [store._draft_to_atom(d, f"x{i}", i) for i, d in enumerate(drafts)]
+
+
+def run(sizes: list[int], repeats: int, rwr_sizes: list[int], seed: int = 0) -> dict:
+    ops: dict[str, list[dict]] = {}
+    for n in sizes:
+        if n < 4 * repeats:
+            raise ValueError(f"--sizes {n} is too small for --repeats {repeats} (need >= {4 * repeats})")
+        for op, figures in bench_ops(n, repeats, seed).items():
+            ops.setdefault(op, []).append(figures)
+    result: dict = {
+        # DESIGN.md's stable shape is {"ops": {"<op>": {...}}}: the largest size is that entry and
+        # every size is listed under "by_size".
+        "ops": {op: {**rows[-1], "by_size": rows} for op, rows in ops.items()},
+        "repeats": repeats,
+    }
+    result["rwr"] = []
+    if rwr_sizes:
+        from ..memory import graph
+
+        result["rwr"] = [graph.bench_rwr(n, seed=seed) for n in rwr_sizes]
+    return result
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default="1000,10000,100000",
+                        help="comma-separated store sizes in atoms (default: 1000,10000,100000)")
+    parser.add_argument("--repeats", type=int, default=200, help="timed calls per op and size (default 200)")
+    parser.add_argument("--rwr-sizes", default="10000,100000", help="graph sizes for RWR (default 10000,100000)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print only the JSON result")
+
+
+def main(args: argparse.Namespace) -> int:
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    rwr = [int(x) for x in args.rwr_sizes.split(",") if x]
+    result = run(sizes, args.repeats, rwr, args.seed)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{'op':8} {'atoms':>7} {'ours ms':>9} {'chroma ms':>10} {'ratio':>6}")
+        for op, fig in result["ops"].items():
+            for row in fig["by_size"]:
+                print(f"{op:8} {row['atoms']:>7} {row['ours_ms']:>9.3f} {row['chroma_ms']:>10.3f} {row['ratio']:>6.2f}")
+        for row in result["rwr"]:
+            print(f"rwr      {row['nodes']:>7} ours {row['ours_ms']:.2f} ms, networkx {row['networkx_ms']:.1f} ms, "
+                  f"speedup {row['speedup']:.1f}x")
+    return 0

@@ -1,0 +1,34 @@
+"""``atommem bench memory|retrieval|env|rollout``: measured figures as JSON on stdout.
+
+Each benchmark lives in ``atommem_rl/bench/<name>.py`` with ``add_arguments(parser)`` and
+``main(args)``; the module is imported only when its benchmark runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS = {
+    "memory": "store operations against raw Chroma calls; RWR against networkx",
+    "retrieval": "evidence recall@k of a retrieval strategy on a LoCoMo-format file",
+    "env": "environment overhead per step (parsing, memory ops, prompt assembly)",
+    "rollout": "rollout throughput: Hugging Face generate against vLLM",
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("bench", help="run a benchmark and print its figures",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kinds = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
+    for name, help_text in BENCHMARKS.items():
+        try:
+            module = importlib.import_module(f"atommem_rl.bench.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"atommem_rl.bench.{name}":
+                raise
+            continue  # that benchmark is not built yet
+        p = kinds.add_parser(name, help=help_text, description=module.__doc__,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(func=module.main)
