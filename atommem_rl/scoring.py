@@ -1,0 +1,177 @@
+"""Answer scoring: exact match and token F1 (HotpotQA / SQuAD normalisation), LoCoMo's F1 rules,
+and an LLM judge behind an OpenAI-compatible endpoint.
+
+    normalize_answer(s)   lower-case, drop punctuation, drop articles (a, an, the), collapse spaces
+    exact_match(p, golds) 1.0 when the normalised prediction equals any normalised gold answer
+    f1(p, golds)          token F1 on normalised tokens, best over gold answers
+    locomo_f1(p, gold, category)
+                          LoCoMo's official rules: Porter-stemmed token F1; category 1 (multi-hop)
+                          splits the gold on commas and averages the best F1 of each sub-answer;
+                          category 3 keeps the gold before ";"; category 5 (adversarial) is 1.0 when
+                          the output says "no information available" or "not mentioned"
+    LLMJudge(base_url, model)  asks an OpenAI-compatible chat endpoint for CORRECT / WRONG
+
+Every scorer takes untrusted text (a policy's answer): non-strings score 0, never raise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+from functools import lru_cache
+
+import Stemmer
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(s: object) -> str:
+    """HotpotQA/SQuAD normalisation."""
+    if not isinstance(s, str):
+        s = "" if s is None else str(s)
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def _golds(gold: str | Sequence[str]) -> list[str]:
+    if isinstance(gold, str):
+        return [gold]
+    return [str(g) for g in gold] or [""]
+
+
+def exact_match(prediction: object, gold: str | Sequence[str]) -> float:
+    p = normalize_answer(prediction)
+    return float(any(p == normalize_answer(g) for g in _golds(gold)))
+
+
+def _token_f1(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens and not gold_tokens:
+        return 1.0
+    common = Counter(pred_tokens) & Counter(gold_tokens)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision = same / len(pred_tokens)
+    recall = same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1(prediction: object, gold: str | Sequence[str]) -> float:
+    """Token F1 (HotpotQA rules: yes/no/noanswer must match exactly)."""
+    p = normalize_answer(prediction)
+    best = 0.0
+    for g in _golds(gold):
+        n = normalize_answer(g)
+        if (p in ("yes", "no", "noanswer") or n in ("yes", "no", "noanswer")) and p != n:
+            continue
+        best = max(best, _token_f1(p.split(), n.split()))
+    return best
+
+
+# ---------------------------------------------------------------------------------------- LoCoMo
+_porter = Stemmer.Stemmer("porter")
+
+
+@lru_cache(maxsize=100_000)
+def _pstem(w: str) -> str:
+    return _porter.stemWord(w)
+
+
+def _locomo_tokens(s: object) -> list[str]:
+    text = normalize_answer(str(s).replace(",", "") if s is not None else "")
+    return [_pstem(w) for w in text.split()]
+
+
+def _locomo_f1_single(prediction: object, gold: object) -> float:
+    return _token_f1(_locomo_tokens(prediction), _locomo_tokens(gold))
+
+
+_NO_INFO = ("no information available", "not mentioned")
+
+
+def locomo_f1(prediction: object, gold: object, category: int | None = None) -> float:
+    """LoCoMo's official QA F1 for one question."""
+    pred = prediction if isinstance(prediction, str) else ("" if prediction is None else str(prediction))
+    if category == 5:
+        low = pred.lower()
+        return float(any(s in low for s in _NO_INFO))
+    gold_s = str(gold)
+    if category == 3:
+        gold_s = gold_s.split(";")[0].strip()
+    if category == 1:
+        preds = [p.strip() for p in pred.split(",")]
+        parts = [g.strip() for g in gold_s.split(",")]
+        return sum(max(_locomo_f1_single(p, g) for p in preds) for g in parts) / len(parts)
+    return _locomo_f1_single(pred, gold_s)
+
+
+# ---------------------------------------------------------------------------------------- judge
+_JUDGE_PROMPT = (
+    "You grade answers. Question: {question}\nGold answer: {gold}\nModel answer: {answer}\n"
+    "Is the model answer correct (same meaning as the gold answer; extra detail is fine, "
+    "a different or missing fact is wrong)? Reply with exactly one word: CORRECT or WRONG."
+)
+
+
+class LLMJudge:
+    """An LLM judge on an OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, OpenAI...).
+
+    Scores are 1.0 for CORRECT, 0.0 otherwise; verdicts are cached per (question, gold, answer).
+    A failing endpoint raises ConnectionError (the caller decides; the environment reports it in
+    ``info`` and scores 0 rather than crashing).
+    """
+
+    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout: float = 60.0):
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.api_key = os.environ.get(api_key_env, "EMPTY")
+        self.timeout = timeout
+        self._cache: dict[tuple[str, str, str], float] = {}
+
+    def __call__(self, question: str, answer: object, gold: str | Sequence[str]) -> float:
+        import httpx
+
+        gold_s = " | ".join(_golds(gold))
+        ans = answer if isinstance(answer, str) else ("" if answer is None else str(answer))
+        key = (question, gold_s, ans)
+        if key in self._cache:
+            return self._cache[key]
+        url = self.base_url + ("/chat/completions" if self.base_url.endswith("/v1") else "/v1/chat/completions")
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": _JUDGE_PROMPT.format(question=question, gold=gold_s, answer=ans[:2000])}],
+            "temperature": 0.0,
+            "max_tokens": 4,
+        }
+        try:
+            resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=self.timeout)
+            resp.raise_for_status()
+            verdict = resp.json()["choices"][0]["message"]["content"] or ""
+        except Exception as exc:  # transport, HTTP status, malformed JSON
+            raise ConnectionError(f"LLM judge at {url} failed: {exc}") from exc
+        score = float("CORRECT" in verdict.upper() and "WRONG" not in verdict.upper())
+        self._cache[key] = score
+        return score
+
+
+def score_answer(metric: str, prediction: object, gold: str | Sequence[str], *, category: int | None = None,
+                 question: str = "", judge: LLMJudge | None = None) -> float:
+    """One question's score under ``metric`` (em | f1 | locomo_f1 | judge)."""
+    if metric == "em":
+        return exact_match(prediction, gold)
+    if metric == "f1":
+        return f1(prediction, gold)
+    if metric == "locomo_f1":
+        golds = _golds(gold)
+        return max(locomo_f1(prediction, g, category) for g in golds)
+    if metric == "judge":
+        if judge is None:
+            raise ValueError("metric 'judge' needs an LLMJudge (judge_url and judge_model)")
+        return judge(question, prediction, gold)
+    raise ValueError(f"unknown metric {metric!r}; expected em, f1, locomo_f1 or judge")
