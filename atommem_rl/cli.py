@@ -14,6 +14,8 @@ import sys
 COMMANDS = {
     "quickstart": "quickstart",
     "bench": "bench",
+    "data": "data",
+    "rollout": "rollout",
 }
 
 

@@ -316,7 +316,8 @@ def generate_task(index: int, seed: int = 0, *, kind: str = "documents", docs: i
     ]
     return Task(id=f"synth-{kind[:3]}-{seed}-{index}", kind=kind, blocks=blocks, questions=questions_out,
                 source="synthetic", relations=relations,
-                meta={"seed": seed, "index": index, "docs": n_docs, "confounders": confounders})
+                meta={"seed": seed, "index": index, "docs": n_docs, "confounders": confounders,
+                      "relations_exhaustive": True})
 
 
 def generate_tasks(n: int, seed: int = 0, **kw) -> list[Task]:

@@ -1,0 +1,88 @@
+"""``atommem data synth|prepare``: build memory tasks (JSONL, one task per line).
+
+    atommem data synth --out tasks/synth.jsonl --tasks 100 --seed 0 --kind documents --docs 20 \
+        --questions 1-3 --confounders 2
+    atommem data prepare --source hotpotqa --path ../shared/data/hotpotqa/hotpotqa_train_100.json \
+        --out tasks/hotpotqa.jsonl --docs 20 --questions 2
+
+Task format: ``atommem_rl/tasks/schema.py``; generator: ``atommem_rl/tasks/synth.py``; loaders:
+``atommem_rl/tasks/{hotpotqa,locomo,longmemeval}.py``. Output is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _range(text: str) -> int | tuple[int, int]:
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            if not 1 <= lo <= hi <= 10:
+                raise ValueError
+            return lo, hi
+        n = int(text)
+        if not 1 <= n <= 10:
+            raise ValueError
+        return n
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a count 1-10 or a range like 1-3, got {text!r}") from None
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("data", help="generate synthetic tasks or prepare real benchmark tasks",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    kinds = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+
+    s = kinds.add_parser("synth", help="generate synthetic memory tasks (deterministic for a seed)")
+    s.add_argument("--out", required=True, help="output JSONL file")
+    s.add_argument("--tasks", type=int, default=100, help="number of tasks (default 100)")
+    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument("--kind", choices=["documents", "dialogue"], default="documents", help="documents or dialogue sessions")
+    s.add_argument("--docs", type=int, default=20, help="documents (or sessions) per task, e.g. 200 or 800 (default 20)")
+    s.add_argument("--questions", type=_range, default=(1, 3), help="questions per task: N or LO-HI within 1-10 (default 1-3)")
+    s.add_argument("--confounders", type=int, default=2, choices=range(0, 9), metavar="C",
+                   help="confounder statements per question, 0-8 (default 2)")
+    s.set_defaults(func=run_synth)
+
+    p = kinds.add_parser("prepare", help="turn a real benchmark file into tasks")
+    p.add_argument("--source", required=True, choices=["hotpotqa", "musique", "locomo", "longmemeval"])
+    p.add_argument("--path", required=True, help="the benchmark file (e.g. ../shared/data/hotpotqa/hotpotqa_train_100.json)")
+    p.add_argument("--out", required=True, help="output JSONL file")
+    p.add_argument("--corpus", default=None, help="passage pool for distractors (hotpotqa/musique; default: the "
+                   "*_corpus.json next to --path when present)")
+    p.add_argument("--docs", type=int, default=20, help="documents per task for hotpotqa/musique (default 20)")
+    p.add_argument("--questions", type=_range, default=1, help="questions packed per task, N or LO-HI (default 1)")
+    p.add_argument("--limit", type=int, default=None, help="use at most this many source questions/conversations")
+    p.add_argument("--keep-adversarial", action="store_true", help="locomo: keep category-5 questions")
+    p.add_argument("--questions-per-task", type=int, default=None,
+                   help="locomo: split a conversation's questions into tasks of this many (default: all in one)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.set_defaults(func=run_prepare)
+
+
+def run_synth(args) -> int:
+    from atommem_rl.tasks.schema import save_tasks
+    from atommem_rl.tasks.synth import generate_tasks
+
+    if args.tasks < 1 or args.docs < 1:
+        raise ValueError("--tasks and --docs must be positive")
+    tasks = generate_tasks(args.tasks, args.seed, kind=args.kind, docs=args.docs, questions=args.questions,
+                           confounders=args.confounders)
+    n = save_tasks(tasks, args.out)
+    print(json.dumps({"tasks": n, "questions": sum(len(t.questions) for t in tasks), "out": args.out}))
+    return 0
+
+
+def run_prepare(args) -> int:
+    from atommem_rl.tasks import prepare
+    from atommem_rl.tasks.schema import save_tasks
+
+    tasks = prepare.prepare(args.source, args.path, corpus=args.corpus, docs=args.docs, questions=args.questions,
+                            limit=args.limit, seed=args.seed, keep_adversarial=args.keep_adversarial,
+                            questions_per_task=args.questions_per_task)
+    n = save_tasks(tasks, args.out)
+    print(json.dumps({"tasks": n, "questions": sum(len(t.questions) for t in tasks), "source": args.source,
+                      "out": args.out}))
+    return 0
