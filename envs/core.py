@@ -317,8 +317,30 @@ class MemoryEnv:
         n_ans = self.config.max_answer_steps or (len(self.task.questions) + 2)
         self.max_answer_steps = n_ans
         self.max_steps = self.config.max_steps or (len(self.chunks) + n_ans)
+        self._check_floor()
         obs = self._observe()
         return obs, self._info(results=[])
+
+    def _check_floor(self) -> None:
+        """Configuration check before the first step: the longest chunk with the rules and questions
+        (nothing optional) must fit ``max_prompt_tokens``, so no step can ever need to cut a chunk."""
+        if not self.chunks:
+            return
+        longest = max(range(len(self.chunks)), key=lambda i: self.chunks[i].tokens)
+        saved = self.chunk_index
+        self.chunk_index = longest
+        try:
+            q_text = "\n".join(f"{q.id}: {defang(' '.join(q.question.split()))}" for q in self.task.questions)
+            tail = self._tail(self.task.questions)
+            user = self._user(q_text, [], "(0 retrieved entries not shown: prompt limit)",
+                              "[scratchpad not shown: prompt limit]", [], tail, "", 0)
+            n = self.tokens.prompt_tokens([{"role": "system", "content": self._system()}, {"role": "user", "content": user}])
+        finally:
+            self.chunk_index = saved
+        if n > self.config.max_prompt_tokens:
+            raise ValueError(
+                f"max_prompt_tokens={self.config.max_prompt_tokens} cannot hold the rules, questions and the "
+                f"longest chunk ({n} tokens): raise max_prompt_tokens or lower chunk_tokens")
 
     def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
         if self.done:
@@ -357,6 +379,8 @@ class MemoryEnv:
                 results.append((call.index, {"name": call.name, "ok": False, "message": _clip(str(exc), 300)}))
         self.tool_errors += len(parse_errors)
         results = [r for _, r in sorted(results, key=lambda x: x[0])]
+        if not results:
+            results.append({"name": None, "ok": True, "message": "no tool call found in your action; nothing changed"})
         # advance
         self.step_index += 1
         terminated = truncated = False
@@ -696,16 +720,7 @@ class MemoryEnv:
         label, views = self._retrieve()
         qs = self._pending_questions() if self.phase == "answer" else self.task.questions
         q_text = "\n".join(f"{q.id}: {defang(' '.join(q.question.split()))}" for q in qs)
-        if self.phase == "chunks":
-            ch = self.chunks[self.chunk_index]
-            tail = (f"# Chunk {self.chunk_index + 1} of {len(self.chunks)}\n{ch.text}\n\n"
-                    f"# Your turn\nStore what may matter for the questions, label relations, keep the scratchpad short. "
-                    f"Reads left this step: {self.config.read_budget}.")
-        else:
-            left = self.max_answer_steps - self.answer_steps
-            tail = (f"# Answer phase (no more input)\nAnswer {'each open question' if len(qs) > 1 else 'the question'} with "
-                    f"the answer tool, or read memory first ({self.config.answer_read_budget} reads this step, "
-                    f"{left} answer step(s) left).")
+        tail = self._tail(qs)
         lines = [(self.handle_of.get(v.id, "M?"), defang(" ".join(v.text.split()))) for v in views]
         messages = self._fit(q_text, lines, label, tail, len(self.store) if self.store is not None else 0)
         shown = self._shown
@@ -723,6 +738,17 @@ class MemoryEnv:
                     self.answer_view_tokens["confounder"] += n
         self.tokens_used["prompt"] += self._last_prompt_tokens
         return messages
+
+    def _tail(self, qs) -> str:
+        if self.phase == "chunks":
+            ch = self.chunks[self.chunk_index]
+            return (f"# Chunk {self.chunk_index + 1} of {len(self.chunks)}\n{ch.text}\n\n"
+                    f"# Your turn\nStore what may matter for the questions, label relations, keep the scratchpad short. "
+                    f"Reads left this step: {self.config.read_budget}.")
+        left = self.max_answer_steps - self.answer_steps
+        return (f"# Answer phase (no more input)\nAnswer {'each open question' if len(qs) > 1 else 'the question'} with "
+                f"the answer tool, or read memory first ({self.config.answer_read_budget} reads this step, "
+                f"{left} answer step(s) left).")
 
     def _user(self, q_text, mem_lines, mem_note, scratch, results, tail, label, n_atoms) -> str:
         parts = [f"# Question{'s' if q_text.count(chr(10)) else ''}\n{q_text}"]

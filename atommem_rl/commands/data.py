@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="use at most this many source questions/conversations")
     p.add_argument("--keep-adversarial", action="store_true", help="locomo: keep category-5 questions")
     p.add_argument("--questions-per-task", type=int, default=None,
-                   help="locomo: split a conversation's questions into tasks of this many (default: all in one)")
+                   help="locomo: questions per task; a conversation gives several tasks (default 10)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.set_defaults(func=run_prepare)
 

@@ -9,10 +9,11 @@ passages drawn from the pool (``*_corpus.json``, role ``distractor``) up to ``do
 seeded random order. If ``docs`` is smaller than the questions' own paragraphs, supporting paragraphs
 are kept first. Units are sentences (MuSiQue paragraphs are split on sentence ends); a unit's
 ``fact`` is ``"Title: sentence"``; evidence is the supporting sentences (HotpotQA) or all sentences of
-supporting paragraphs (MuSiQue).
+supporting paragraphs (MuSiQue): for each step of ``question_decomposition``, the sentence of its
+supporting paragraph that contains the step's answer (else the one sharing most terms with it).
 
-LoCoMo (``locomo10.json``, read by ``atommem_rl.data.locomo``): one task per conversation (or per
-``questions_per_task`` questions of it); sessions are blocks (dated), turns are units with their
+LoCoMo (``locomo10.json``, read by ``atommem_rl.data.locomo``): one task per ``questions_per_task``
+questions of a conversation (default 10, AtomMem's maximum at once); sessions are blocks (dated), turns are units with their
 ``dia_id``; categories kept (1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop; 5 adversarial
 dropped unless ``keep_adversarial``); evidence = the QA's dia ids.
 
@@ -29,6 +30,9 @@ import json
 import random
 import re
 from pathlib import Path
+
+from atommem_rl.memory import text as _text
+from atommem_rl.scoring import normalize_answer
 
 from .schema import Block, Question, Task, Unit
 
@@ -166,10 +170,26 @@ def prepare_musique(path, *, corpus=None, docs=20, questions=1, limit=None, seed
         try:
             if r.get("answerable") is False:
                 continue
+            # evidence: per decomposition step, the supporting paragraph's sentence that holds the step's
+            # answer (else the one sharing most terms with the step's question and answer)
+            chosen: dict[int, set[int]] = {}
+            split = {p["idx"]: _split(p["paragraph_text"]) for p in r["paragraphs"]}
+            for step in r.get("question_decomposition") or []:
+                pidx = step.get("paragraph_support_idx")
+                sents = split.get(pidx)
+                if not sents:
+                    continue
+                ans = normalize_answer(step.get("answer", ""))
+                hits = [k for k, s in enumerate(sents) if ans and f" {ans} " in f" {normalize_answer(s)} "]
+                if not hits:
+                    want = set(_text.terms(f"{step.get('question', '')} {step.get('answer', '')}"))
+                    hits = [max(range(len(sents)), key=lambda k: len(want & set(_text.terms(sents[k]))))]
+                chosen.setdefault(pidx, set()).add(hits[0])
             paragraphs = []
             for p in r["paragraphs"]:
-                sents = _split(p["paragraph_text"])
-                paragraphs.append((p["title"], sents, set(range(len(sents))) if p.get("is_supporting") else None))
+                sents = split[p["idx"]]
+                support = chosen.get(p["idx"]) or (set(range(len(sents))) if p.get("is_supporting") else None)
+                paragraphs.append((p["title"], sents, support))
             hops = len(r.get("question_decomposition") or []) or None
             items.append({"id": r.get("id", str(i)), "question": r["question"],
                           "answers": [str(r["answer"])] + [str(a) for a in r.get("answer_aliases") or []],
@@ -207,7 +227,7 @@ def prepare_locomo(path, *, limit=None, keep_adversarial=False, questions_per_ta
             for u in b.units:
                 if u.id in evidence_all:
                     u.role = "evidence"
-        size = questions_per_task or len(qs) or 1
+        size = questions_per_task or 10
         for part in range(0, len(qs), size):
             chunk = qs[part:part + size]
             renum = [Question(id=f"Q{j + 1}", question=q.question, answers=q.answers, evidence=q.evidence,
