@@ -235,6 +235,18 @@ _ARG_TYPES = {
 _OPTIONAL = {"create_memory": {"time"}, "answer": {"question_id"}}
 
 _ns_counter = itertools.count()
+_CLIENT = None
+
+
+def _default_client():
+    """One in-memory Chroma client per process (every EphemeralClient shares one database anyway;
+    building a client costs about 70 ms of settings parsing)."""
+    global _CLIENT
+    if _CLIENT is None:
+        from atommem_rl.memory.backends import make_client
+
+        _CLIENT = make_client("memory")
+    return _CLIENT
 
 
 class MemoryEnv:
@@ -254,12 +266,7 @@ class MemoryEnv:
             self.embedder = make_embedder(c.embedder)
         else:
             self.embedder = c.embedder
-        if c.client is None:
-            from atommem_rl.memory.backends import make_client
-
-            self.client = make_client("memory")
-        else:
-            self.client = c.client
+        self.client = c.client if c.client is not None else _default_client()
         self.parser = c.parser or (lambda text: parse_tool_calls(text, c.max_calls))
         self.judge = scoring.LLMJudge(c.judge_url, c.judge_model) if c.reward == "judge" else None
         self.tools = tool_schemas(c.disable)
@@ -349,7 +356,8 @@ class MemoryEnv:
             action = action.decode("utf-8", errors="replace")
         if isinstance(action, str):
             action = _clean_str(action)
-            self.tokens_used["completion"] += self._count(action[:200_000])
+            # exact up to 32k characters; beyond that (a runaway generation) about 4 characters a token
+            self.tokens_used["completion"] += self.tokens.count(action[:32_000]) + max(0, len(action) - 32_000) // 4
         reward = 0.0
         try:
             calls, parse_errors = self.parser(action)
@@ -690,7 +698,7 @@ class MemoryEnv:
         if self.store is None or len(self.store) == 0:
             return "", []
         queries = list(self.pending_queries)
-        label = "; ".join(_clip(q, 80) for q in queries)
+        label = defang("; ".join(repr(_clip(q, 80)) for q in queries))
         if not queries:
             if not self.config.auto_retrieve:
                 return "", []
@@ -838,7 +846,7 @@ class MemoryEnv:
         self._last_prompt_tokens = 0
         self._shown = 0
         return [{"role": "system", "content": self._system()},
-                {"role": "user", "content": "The episode is over.\n" + "\n".join(self.last_results)}]
+                {"role": "user", "content": "The episode is over.\n" + "\n".join(defang(r) for r in self.last_results)}]
 
     @staticmethod
     def _result_line(i: int, r: dict) -> str:
