@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "quickstart": "quickstart",
     "bench": "bench",
+    "sft": "sft",
     "data": "data",
     "rollout": "rollout",
 }

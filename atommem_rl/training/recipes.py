@@ -1,0 +1,256 @@
+"""Recipes: a YAML file of flat keys (= fields of a config dataclass) plus ``--key value`` overrides.
+
+This is TRL's convention (``trl.TrlParser.parse_args_and_config``: the YAML sets the parser's
+defaults, the command line overrides them, an optional ``env:`` mapping sets environment variables).
+TrlParser is reused for the parsing; what it does not do, and this module adds, is to check the YAML
+*before any work starts*: every key must be a field of the config class and every value must match
+the field's type, and the error names the file and the key (TrlParser would pass a wrong-typed YAML
+value through unchecked, and report unknown keys without the file name).
+
+    from atommem_rl.training.recipes import parse_recipe_args, load_recipe
+    config = parse_recipe_args(SFTRecipeConfig, ["--config", "recipes/quickstart/sft.yaml", "--max_steps", "2"])
+    config = load_recipe(SFTRecipeConfig, "recipes/qwen3_8b/sft.yaml")     # what tests/test_recipes.py does
+
+``RECIPE_CONFIGS`` maps a recipe's file name (``sft.yaml`` in any folder) to its config class as an
+import path; a class whose module does not exist yet is reported as missing (tests skip it).
+
+Shell helper (used by the sbatch scripts; reads only the YAML, imports no torch)::
+
+    python -m atommem_rl.training.recipes run-dir RECIPE [--key value ...]   # -> checkpoints/<run_name>
+    python -m atommem_rl.training.recipes get RECIPE KEY [--key value ...]   # -> the value (or empty)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import importlib
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+# recipe file name -> config class ("module:Class"); the GRPO/PPO entries resolve once those land.
+RECIPE_CONFIGS: dict[str, str] = {
+    "sft.yaml": "atommem_rl.training.sft:SFTRecipeConfig",
+    "grpo.yaml": "atommem_rl.training.grpo:GRPORecipeConfig",
+    "ppo.yaml": "atommem_rl.training.ppo:PPORecipeConfig",
+}
+# recipe folders that hold other tools' configs, validated by those tools (tests/test_recipes.py)
+FOREIGN_DIRS = {"accelerate"}
+CHECKPOINTS = "checkpoints"
+
+
+class RecipeError(ValueError):
+    """A recipe or an override is invalid; the message names the file and the key."""
+
+
+def config_class(recipe: str | os.PathLike) -> type | None:
+    """The config class for a recipe file, or None when its module does not exist (yet)."""
+    name = Path(recipe).name
+    if name not in RECIPE_CONFIGS:
+        raise RecipeError(f"{recipe}: no config class for recipe file name {name!r} "
+                          f"(known: {', '.join(sorted(RECIPE_CONFIGS))}; extend RECIPE_CONFIGS)")
+    module, _, cls = RECIPE_CONFIGS[name].partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            return None
+        raise
+    return getattr(mod, cls)
+
+
+def read_yaml(path: str | os.PathLike) -> dict:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise RecipeError(f"recipe not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"{p}: not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"{p}: a recipe must be a YAML mapping of flat keys, got {type(data).__name__}")
+    return data
+
+
+# ------------------------------------------------------------------ type checks against field annotations
+def _coerce(value: Any, tp: Any) -> Any:
+    """``value`` converted to annotation ``tp``; raises TypeError when it does not fit."""
+    if tp is Any or tp is typing.Any:
+        return value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        # try exact-type members first so that "2" stays a str for `int | str`
+        members = sorted((a for a in args if a is not type(None)), key=lambda a: a is not str)
+        for a in members:
+            try:
+                return _coerce(value, a)
+            except TypeError:
+                continue
+        raise TypeError
+    if tp is type(None):
+        if value is None:
+            return None
+        raise TypeError
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise TypeError
+    if origin in (list, tuple, set) or tp in (list, tuple):
+        if not isinstance(value, list):
+            raise TypeError
+        return [_coerce(v, args[0]) for v in value] if args else value
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise TypeError
+        return value
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        values = [e.value for e in tp]
+        if isinstance(value, tp) or value in values:
+            return value
+        raise TypeError
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no"):
+            return value.lower() in ("true", "yes")
+        raise TypeError
+    if tp is int:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise TypeError
+    if tp is float:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 1e-6 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise TypeError from None
+        raise TypeError
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise TypeError
+    return value  # any other annotation: left to the dataclass's own checks
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "") if not isinstance(tp, type) else tp.__name__
+
+
+def check_recipe(config_cls: type, data: dict, source: str) -> dict:
+    """Validated, type-converted recipe values (``env`` excluded). Raises RecipeError naming ``source``."""
+    hints = typing.get_type_hints(config_cls)
+    fields = {f.name: f for f in dataclasses.fields(config_cls) if f.init}
+    out = {}
+    for key, value in data.items():
+        if key == "env":
+            if not isinstance(value, dict):
+                raise RecipeError(f"{source}: key 'env' must be a mapping of environment variables")
+            continue
+        if key not in fields:
+            near = difflib.get_close_matches(key, list(fields), n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise RecipeError(f"{source}: unknown key {key!r} for {config_cls.__name__}{hint}")
+        tp = hints.get(key, Any)
+        try:
+            out[key] = _coerce(value, tp)
+        except TypeError:
+            raise RecipeError(f"{source}: key {key!r} must be {_type_name(tp)}, got {value!r} "
+                              f"({type(value).__name__})") from None
+    return out
+
+
+def parse_recipe_args(config_cls: type, argv: list[str] | None = None, apply_env: bool = True):
+    """``--config RECIPE`` (optional) plus ``--key value`` overrides -> one ``config_cls`` instance."""
+    from trl import TrlParser
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    source, data = "command line", {}
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise RecipeError("--config needs a recipe path")
+        source = argv[i + 1]
+        del argv[i:i + 2]
+        data = read_yaml(source)
+    values = check_recipe(config_cls, data, source)
+    if apply_env:
+        for k, v in (data.get("env") or {}).items():
+            os.environ[str(k)] = str(v)
+    parser = TrlParser([config_cls])
+    parser.set_defaults_with_config(**values)
+    try:
+        (config,) = parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as exc:
+        msg = str(exc)
+        if "not used by the HfArgumentParser" in msg:
+            raise RecipeError(f"unknown command-line option(s) for {config_cls.__name__}: "
+                              f"{msg.split(':', 1)[1].strip()}") from None
+        where = f"{source} with overrides {argv}" if argv else source
+        raise RecipeError(f"{where}: invalid {config_cls.__name__}: {msg}") from exc
+    return config
+
+
+def load_recipe(config_cls: type, path: str | os.PathLike, overrides: list[str] = ()):
+    """Load a recipe into its config without running anything (no env variables are set)."""
+    return parse_recipe_args(config_cls, ["--config", str(path), *overrides], apply_env=False)
+
+
+# ------------------------------------------------------------------ light, YAML-only look-ups for shell scripts
+def raw_value(path: str | os.PathLike, key: str, overrides: list[str] = (), default: Any = None) -> Any:
+    """``key`` as the recipe plus ``--key value`` overrides set it (last one wins); no dataclass import."""
+    value = read_yaml(path).get(key, default)
+    args = list(overrides)
+    for i, a in enumerate(args):
+        if a == f"--{key}" and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(f"--{key}="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def run_dir(path: str | os.PathLike, overrides: list[str] = ()) -> str:
+    """The run's folder: the parent of ``output_dir`` when set, else ``checkpoints/<run_name>``."""
+    out = raw_value(path, "output_dir", overrides)
+    if out:
+        return str(Path(out).parent)
+    return str(Path(CHECKPOINTS) / str(raw_value(path, "run_name", overrides, default="atommem")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) >= 2 and argv[0] == "run-dir":
+        print(run_dir(argv[1], argv[2:]))
+        return 0
+    if len(argv) >= 3 and argv[0] == "get":
+        value = raw_value(argv[1], argv[2], argv[3:])
+        print("" if value is None else value)
+        return 0
+    print(__doc__.split("Shell helper")[1], file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except RecipeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

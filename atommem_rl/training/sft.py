@@ -1,0 +1,224 @@
+"""Supervised fine-tuning (SFT) of the memory policy on step-wise demonstrations.
+
+Algorithm. Every step of a demonstration episode is one example: the step's observation (system
+rules + the prompt with question(s), scratchpad, retrieved memories, last results and the chunk) as
+the prompt, and the demonstrator's action, an assistant message with Qwen3 ``<tool_call>`` blocks, as
+the target, rendered with the tool schemas the environment offered. The loss is the token-level
+cross-entropy on assistant tokens only (TRL ``SFTTrainer`` with ``assistant_only_loss=True``; for
+Qwen3-family templates TRL swaps in ``qwen3_training.jinja``, whose ``{% generation %}`` markers give
+the assistant mask, and which writes an empty think block in every assistant turn); prompt and
+tool-result tokens are labelled -100. Demonstrations come from (a) a JSONL file of
+``{"messages", "tools"}`` rows (``demonstrations: FILE``), or (b) episodes of the oracle policy, or of
+a teacher model behind an OpenAI-compatible endpoint with rejection sampling by terminal reward
+(``demo_policy``), on a tasks file or freshly generated synthetic tasks. Optional LoRA through PEFT
+(``use_peft: true``); ``merge_lora: true`` also writes the merged full model (``<output_dir>/merged``,
+loadable by vLLM; the same as ``scripts/merge_lora.py``).
+
+Outputs: ``checkpoints/<run_name>/sft/`` (``output_dir``): ``checkpoint-N/`` every ``save_steps``
+(weights, optimizer, scheduler, RNG state, data position), the final model in the folder itself,
+``demonstrations.jsonl`` and ``sft_summary.json``. ``resume_from_checkpoint: true`` (or a path)
+continues from the last checkpoint: the same data order, RNG state and optimizer.
+W&B logs offline unless ``WANDB_MODE``/``WANDB_API_KEY`` say otherwise (``report_to: none`` turns it off).
+
+Launch::
+
+    atommem sft --config recipes/quickstart/sft.yaml [--key value ...]
+    accelerate launch --config_file recipes/accelerate/zero3.yaml -m atommem_rl.training.sft \\
+        --config recipes/qwen3_8b/sft.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import ModelConfig, SFTConfig
+
+from .recipes import CHECKPOINTS, parse_recipe_args
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_POLICIES = ("oracle", "model")
+
+
+@dataclass
+class SFTRecipeConfig(SFTConfig, ModelConfig):
+    """TRL's ``SFTConfig`` (training) and ``ModelConfig`` (model, LoRA) plus where demonstrations come from.
+
+    Defaults changed from TRL: ``assistant_only_loss=True``, ``report_to="wandb"`` (offline by
+    default), ``model_name_or_path`` = the quickstart base model, ``output_dir`` derived from ``run_name``.
+    """
+
+    # -- model / run
+    model_name_or_path: str | None = field(
+        default="checkpoints/base/smollm2-135m-instruct",
+        metadata={"help": "Model folder or hub id (the quickstart base: scripts/prepare_base_model.py)."})
+    run_name: str | None = field(
+        default="atommem", metadata={"help": "Run name: outputs go to <checkpoints_dir>/<run_name>/sft; W&B run name."})
+    checkpoints_dir: str = field(default=CHECKPOINTS, metadata={"help": "Root folder of run outputs."})
+    max_length: int | None = field(default=8192, metadata={
+        "help": "Longest example in tokens (prompt + action); a step's prompt is up to the env's max_prompt_tokens."})
+    assistant_only_loss: bool = field(default=True, metadata={"help": "Loss on assistant tokens only."})
+    report_to: None | str | list[str] = field(default="wandb", metadata={"help": "Loggers: wandb, none, ..."})
+    merge_lora: bool = field(default=False, metadata={"help": "With use_peft, also write <output_dir>/merged."})
+    # -- demonstrations
+    demonstrations: str | None = field(
+        default=None, metadata={"help": "JSONL of {messages, tools} rows; when unset they are generated."})
+    demo_policy: str = field(default="oracle", metadata={
+        "help": "Demonstrator when generating: oracle, or model (a teacher, e.g. an OpenAI-compatible endpoint)."})
+    demo_policy_kwargs: dict | str | None = field(
+        default=None, metadata={"help": "Keyword arguments (mapping or JSON) for the demonstration policy."})
+    demo_samples: int = field(default=1, metadata={"help": "Episodes tried per task (rejection sampling)."})
+    demo_min_reward: float | None = field(
+        default=None, metadata={"help": "Keep an episode only if its terminal score reaches this (None: keep all)."})
+    tasks: str | None = field(default=None, metadata={"help": "Tasks JSONL; when unset, synthetic tasks are made."})
+    synth_tasks: int = field(default=8, metadata={"help": "Synthetic tasks to generate when tasks is unset."})
+    synth_kind: str = field(default="documents", metadata={"help": "documents or dialogue."})
+    synth_docs: int = field(default=6, metadata={"help": "Documents (or sessions) per synthetic task."})
+    synth_questions: int = field(default=2, metadata={"help": "Questions per synthetic task (1-10)."})
+    synth_confounders: int = field(default=2, metadata={"help": "Confounders per question."})
+    synth_seed: int = field(default=0, metadata={"help": "Seed of the synthetic tasks."})
+    env_config: dict | str | None = field(
+        default=None, metadata={"help": "Environment keyword arguments (mapping or JSON), e.g. chunk_tokens."})
+    rollout_batch_size: int = field(default=8, metadata={"help": "Episodes run at once when generating."})
+
+    def __post_init__(self):
+        if self.output_dir is None:
+            self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "sft")
+        if self.run_name is None:
+            self.run_name = Path(self.output_dir).parent.name
+        for name in ("demo_policy_kwargs", "env_config"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                try:
+                    setattr(self, name, json.loads(value))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{name} must be a mapping or JSON object: {exc}") from None
+        if self.demo_policy not in DEMO_POLICIES:
+            raise ValueError(f"demo_policy must be one of {DEMO_POLICIES}, got {self.demo_policy!r}")
+        if self.demo_samples < 1:
+            raise ValueError("demo_samples must be >= 1")
+        if self.synth_kind not in ("documents", "dialogue"):
+            raise ValueError(f"synth_kind must be documents or dialogue, got {self.synth_kind!r}")
+        if self.merge_lora and not self.use_peft:
+            raise ValueError("merge_lora needs use_peft: true")
+        ModelConfig.__post_init__(self)  # not reached through SFTConfig's chain
+        super().__post_init__()
+
+
+def _resolve(path: str | None) -> str | None:
+    """Relative paths are taken from the working directory, else from the repository root."""
+    if path is None or Path(path).is_absolute() or Path(path).exists() or not (REPO / path).exists():
+        return path
+    return str(REPO / path)
+
+
+def setup_wandb(config: SFTRecipeConfig) -> None:
+    """W&B offline unless the user configured it; files under the run's folder."""
+    if "wandb" not in (config.report_to or []):
+        return
+    if "WANDB_MODE" not in os.environ and "WANDB_API_KEY" not in os.environ:
+        os.environ["WANDB_MODE"] = "offline"
+    os.environ.setdefault("WANDB_PROJECT", "atommem-rl")
+    os.environ.setdefault("WANDB_DIR", str(Path(config.output_dir).parent))
+    Path(os.environ["WANDB_DIR"]).mkdir(parents=True, exist_ok=True)
+
+
+def demonstration_rows(config: SFTRecipeConfig) -> tuple[list[dict], dict]:
+    """The training rows: read from ``demonstrations`` or generated by rollouts (saved next to the run)."""
+    from . import demonstrations as demos
+
+    if config.demonstrations:
+        path = _resolve(config.demonstrations)
+        return demos.read_rows(path), {"source": str(path)}
+    from atommem_rl.tasks.schema import load_tasks
+    from atommem_rl.tasks.synth import generate_tasks
+
+    if config.tasks:
+        tasks = load_tasks(_resolve(config.tasks))
+    else:
+        tasks = generate_tasks(config.synth_tasks, seed=config.synth_seed, kind=config.synth_kind,
+                               docs=config.synth_docs, questions=config.synth_questions,
+                               confounders=config.synth_confounders)
+    env_config = {"tokenizer": _resolve(config.model_name_or_path), **(config.env_config or {})}
+    rows, stats = demos.generate(tasks, config.demo_policy, config.demo_policy_kwargs, env_config,
+                                 samples=config.demo_samples, min_reward=config.demo_min_reward,
+                                 seed=config.seed, batch_size=config.rollout_batch_size)
+    if not rows:
+        raise ValueError(f"no demonstrations kept ({stats}); lower demo_min_reward or raise demo_samples")
+    out = Path(config.output_dir) / "demonstrations.jsonl"
+    demos.write_rows(rows, out)
+    return rows, {"source": str(out), "policy": config.demo_policy, **stats}
+
+
+def build_trainer(config: SFTRecipeConfig, rows: list[dict] | None = None):
+    """An ``SFTTrainer`` on the demonstrations (no training yet): model, tokenizer, dataset, LoRA."""
+    from trl import SFTTrainer, get_peft_config
+
+    from atommem_rl.models import load_policy
+
+    from .demonstrations import to_dataset
+
+    if rows is None:
+        rows, _ = demonstration_rows(config)
+    model, tokenizer = load_policy(_resolve(config.model_name_or_path), dtype=config.dtype)
+    trainer = SFTTrainer(model=model, args=config, train_dataset=to_dataset(rows), processing_class=tokenizer,
+                         peft_config=get_peft_config(config))
+    # SFTTrainer silently drops examples whose assistant tokens all fall beyond max_length.
+    kept = len(trainer.train_dataset)
+    if kept == 0:
+        raise ValueError(f"all {len(rows)} demonstrations are longer than max_length={config.max_length} "
+                         "tokens before their first assistant token; raise max_length")
+    if kept < len(rows):
+        print(f"atommem sft: warning: {len(rows) - kept} of {len(rows)} demonstrations exceed "
+              f"max_length={config.max_length} and were dropped", file=sys.stderr)
+    return trainer
+
+
+def _resume_arg(value: str | None):
+    if value is None or str(value).lower() in ("", "false", "no", "none"):
+        return None
+    if str(value).lower() in ("true", "auto", "last", "yes"):
+        return True  # Trainer picks the last checkpoint-N in output_dir
+    return value
+
+
+def train(config: SFTRecipeConfig) -> dict:
+    """Run SFT; returns the summary also written to ``<output_dir>/sft_summary.json``."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    t0 = time.perf_counter()
+    Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+    setup_wandb(config)
+    rows, data_info = demonstration_rows(config)
+    trainer = build_trainer(config, rows)
+    resume = _resume_arg(config.resume_from_checkpoint)
+    if resume is True and get_last_checkpoint(config.output_dir) is None:
+        resume = None  # nothing to resume yet: start fresh (a rerun of the same command resumes)
+    result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(config.output_dir)
+    summary = {"output_dir": config.output_dir, "run_name": config.run_name, "examples": len(rows),
+               "data": data_info, "global_step": trainer.state.global_step,
+               "train_loss": result.training_loss, "resumed_from": resume if resume is not True else "last",
+               "seconds": round(time.perf_counter() - t0, 1)}
+    if config.use_peft and config.merge_lora and trainer.accelerator.is_main_process:
+        from atommem_rl.models import merge_lora
+
+        summary["merged"] = str(merge_lora(config.output_dir, Path(config.output_dir) / "merged"))
+    if trainer.accelerator.is_main_process:
+        (Path(config.output_dir) / "sft_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_recipe_args(SFTRecipeConfig, argv)
+    summary = train(config)
+    print(json.dumps(summary, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
