@@ -147,6 +147,8 @@ def _coerce(value: Any, tp: Any) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # a YAML scalar such as `synth_questions: 2` for a str field
         raise TypeError
     return value  # any other annotation: left to the dataclass's own checks
 

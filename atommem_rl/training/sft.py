@@ -78,7 +78,7 @@ class SFTRecipeConfig(SFTConfig, ModelConfig):
     synth_tasks: int = field(default=8, metadata={"help": "Synthetic tasks to generate when tasks is unset."})
     synth_kind: str = field(default="documents", metadata={"help": "documents or dialogue."})
     synth_docs: int = field(default=6, metadata={"help": "Documents (or sessions) per synthetic task."})
-    synth_questions: int = field(default=2, metadata={"help": "Questions per synthetic task (1-10)."})
+    synth_questions: str = field(default="2", metadata={"help": "Questions per synthetic task: N or LO-HI (1-10)."})
     synth_confounders: int = field(default=2, metadata={"help": "Confounders per question."})
     synth_seed: int = field(default=0, metadata={"help": "Seed of the synthetic tasks."})
     env_config: dict | str | None = field(
@@ -103,6 +103,12 @@ class SFTRecipeConfig(SFTConfig, ModelConfig):
             raise ValueError("demo_samples must be >= 1")
         if self.synth_kind not in ("documents", "dialogue"):
             raise ValueError(f"synth_kind must be documents or dialogue, got {self.synth_kind!r}")
+        try:
+            lo, _, hi = str(self.synth_questions).partition("-")
+            questions = (int(lo), int(hi)) if hi else int(lo)
+        except ValueError:
+            raise ValueError(f"synth_questions must be N or LO-HI, got {self.synth_questions!r}") from None
+        self.synth_question_range = questions
         if self.merge_lora and not self.use_peft:
             raise ValueError("merge_lora needs use_peft: true")
         ModelConfig.__post_init__(self)  # not reached through SFTConfig's chain
@@ -141,7 +147,7 @@ def demonstration_rows(config: SFTRecipeConfig) -> tuple[list[dict], dict]:
         tasks = load_tasks(_resolve(config.tasks))
     else:
         tasks = generate_tasks(config.synth_tasks, seed=config.synth_seed, kind=config.synth_kind,
-                               docs=config.synth_docs, questions=config.synth_questions,
+                               docs=config.synth_docs, questions=config.synth_question_range,
                                confounders=config.synth_confounders)
     env_config = {"tokenizer": _resolve(config.model_name_or_path), **(config.env_config or {})}
     rows, stats = demos.generate(tasks, config.demo_policy, config.demo_policy_kwargs, env_config,
