@@ -920,6 +920,20 @@ class MemoryEnv:
         return info
 
     # ---------------------------------------------------------------- conveniences
+    def preload(self, texts: list[str]) -> list[str]:
+        """Store atoms before the first step (benchmarks, warm-started memories); returns their
+        handles. Not a policy action: it costs no step and is not counted in ``ops``."""
+        if self.store is None:
+            raise ValueError("this environment has no store (the 'store' ablation)")
+        atoms = self.store.create_many([{"text": t} for t in texts])
+        out = []
+        for a in atoms:
+            handle = f"M{len(self.handles) + 1}"
+            self.handles[handle] = a.id
+            self.handle_of[a.id] = handle
+            out.append(handle)
+        return out
+
     def memory_snapshot(self) -> list[dict]:
         return self.store.snapshot() if self.store is not None else []
 

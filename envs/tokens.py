@@ -72,6 +72,7 @@ class HFTokens(PolicyTokens):
         self.tok = tokenizer
         self.name = name
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        self._frames: dict = {}
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False)
@@ -84,8 +85,32 @@ class HFTokens(PolicyTokens):
             return chatml(messages)
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
+    def prompt_tokens(self, messages: list[dict]) -> int:
+        """Exact count of the rendered prompt. For [system, user] prompts the rendered text up to the
+        last special token before the user content is counted once per system text: special tokens are
+        split out before the rest is tokenised, so counts add up exactly across them."""
+        if len(messages) != 2 or messages[0].get("role") != "system" or messages[1].get("role") != "user":
+            return self.count(self.render(messages))
+        frame = self._frames.get(messages[0]["content"])
+        if frame is None:
+            frame = self._frame(messages[0])
+        if frame is False:
+            return self.count(self.render(messages))
+        n0, head, post = frame
+        return n0 + self.count(head + messages[1]["content"] + post)
 
-_WORD_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+    def _frame(self, system: dict):
+        sentinel = "\x01ATOMMEM-USER\x01"
+        text = self.render([system, {"role": "user", "content": sentinel}])
+        pre, found, post = text.partition(sentinel)
+        specials = [t for t in (getattr(self.tok, "all_special_tokens", None) or []) if t] + [
+            str(t) for t in getattr(self.tok, "added_tokens_decoder", {}).values()]
+        cut = max((pre.rfind(t) + len(t) for t in set(specials) if t in pre), default=-1)
+        frame = (self.count(pre[:cut]), pre[cut:], post) if found and cut > 0 else False
+        if len(self._frames) > 64:
+            self._frames.clear()
+        self._frames[system["content"]] = frame
+        return frame
 
 
 class WordTokens(PolicyTokens):

@@ -92,6 +92,8 @@ class _World:
 
     def person(self) -> str:
         while True:
+            if not self.free_names:
+                raise ValueError("the synthetic world ran out of names: use fewer documents per task")
             n = self.free_names.pop()
             if n not in self.used:
                 self.used.add(n)
@@ -109,6 +111,10 @@ class _World:
         return None
 
     def org(self) -> str:
+        if not self.free_orgs:  # large worlds (800 documents): three-word names
+            more = [f"{a} {c} {b}" for a in ORG_A for c in ORG_A if a != c for b in ORG_B]
+            self.free_orgs = [o for o in more if o not in self.org_city]
+            self.rng.shuffle(self.free_orgs)
         o = self.free_orgs.pop()
         self.org_city[o] = self.rng.choice(CITIES)
         return o
