@@ -13,10 +13,12 @@ import sys
 # subcommand -> module in atommem_rl.commands (an import path, not a registry)
 COMMANDS = {
     "quickstart": "quickstart",
+    "grpo": "grpo",
     "bench": "bench",
     "sft": "sft",
     "data": "data",
     "rollout": "rollout",
+    "eval": "eval",
 }
 
 

@@ -9,13 +9,18 @@ and an LLM judge behind an OpenAI-compatible endpoint.
                           splits the gold on commas and averages the best F1 of each sub-answer;
                           category 3 keeps the gold before ";"; category 5 (adversarial) is 1.0 when
                           the output says "no information available" or "not mentioned"
+    bleu1(p, golds)       BLEU-1: clipped unigram precision times the brevity penalty, on the
+                          normalised tokens, best over gold answers (no smoothing: no shared token is 0)
+    relation_scores(pairs) accuracy and macro-F1 of (predicted, gold) relation labels
     LLMJudge(base_url, model)  asks an OpenAI-compatible chat endpoint for CORRECT / WRONG
+                          (the prompt is pinned: ``JUDGE_PROMPT``, temperature 0)
 
 Every scorer takes untrusted text (a policy's answer): non-strings score 0, never raise.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import string
@@ -111,8 +116,47 @@ def locomo_f1(prediction: object, gold: object, category: int | None = None) -> 
     return _locomo_f1_single(pred, gold_s)
 
 
+# ---------------------------------------------------------------------------------------- BLEU-1
+def _bleu1_single(pred_tokens: list[str], gold_tokens: list[str]) -> float:
+    if not pred_tokens or not gold_tokens:
+        return float(not pred_tokens and not gold_tokens)
+    clipped = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+    precision = clipped / len(pred_tokens)
+    c, r = len(pred_tokens), len(gold_tokens)
+    bp = 1.0 if c >= r else math.exp(1.0 - r / c)
+    return bp * precision
+
+
+def bleu1(prediction: object, gold: str | Sequence[str]) -> float:
+    """Sentence BLEU-1 (weights (1, 0, 0, 0)): clipped unigram precision x brevity penalty
+    ``exp(1 - r/c)`` when the prediction (c tokens) is shorter than the reference (r tokens); tokens
+    are HotpotQA-normalised; the best over gold answers."""
+    p = normalize_answer(prediction).split()
+    return max(_bleu1_single(p, normalize_answer(g).split()) for g in _golds(gold))
+
+
+# ---------------------------------------------------------------------------------------- relations
+def relation_scores(pairs: Sequence[tuple[str, str]]) -> dict:
+    """Accuracy and macro-F1 of (predicted, gold) relation labels; the macro average runs over the
+    labels that occur as gold or as prediction. Empty input gives None values."""
+    pairs = [(str(p), str(g)) for p, g in pairs]
+    if not pairs:
+        return {"pairs": 0, "accuracy": None, "macro_f1": None, "per_label": {}}
+    labels = sorted({g for _, g in pairs} | {p for p, _ in pairs})
+    per = {}
+    for lab in labels:
+        tp = sum(1 for p, g in pairs if p == lab and g == lab)
+        fp = sum(1 for p, g in pairs if p == lab and g != lab)
+        fn = sum(1 for p, g in pairs if p != lab and g == lab)
+        prec = tp / (tp + fp) if tp + fp else 0.0
+        rec = tp / (tp + fn) if tp + fn else 0.0
+        per[lab] = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+    acc = sum(1 for p, g in pairs if p == g) / len(pairs)
+    return {"pairs": len(pairs), "accuracy": acc, "macro_f1": sum(per.values()) / len(per), "per_label": per}
+
+
 # ---------------------------------------------------------------------------------------- judge
-_JUDGE_PROMPT = (
+JUDGE_PROMPT = (
     "You grade answers. Question: {question}\nGold answer: {gold}\nModel answer: {answer}\n"
     "Is the model answer correct (same meaning as the gold answer; extra detail is fine, "
     "a different or missing fact is wrong)? Reply with exactly one word: CORRECT or WRONG."
@@ -145,7 +189,7 @@ class LLMJudge:
         url = self.base_url + ("/chat/completions" if self.base_url.endswith("/v1") else "/v1/chat/completions")
         body = {
             "model": self.model,
-            "messages": [{"role": "user", "content": _JUDGE_PROMPT.format(question=question, gold=gold_s, answer=ans[:2000])}],
+            "messages": [{"role": "user", "content": JUDGE_PROMPT.format(question=question, gold=gold_s, answer=ans[:2000])}],
             "temperature": 0.0,
             "max_tokens": 4,
         }
@@ -162,7 +206,9 @@ class LLMJudge:
 
 def score_answer(metric: str, prediction: object, gold: str | Sequence[str], *, category: int | None = None,
                  question: str = "", judge: LLMJudge | None = None) -> float:
-    """One question's score under ``metric`` (em | f1 | locomo_f1 | judge)."""
+    """One question's score under ``metric`` (em | f1 | locomo_f1 | bleu1 | judge)."""
+    if metric == "bleu1":
+        return bleu1(prediction, gold)
     if metric == "em":
         return exact_match(prediction, gold)
     if metric == "f1":
@@ -174,4 +220,4 @@ def score_answer(metric: str, prediction: object, gold: str | Sequence[str], *, 
         if judge is None:
             raise ValueError("metric 'judge' needs an LLMJudge (judge_url and judge_model)")
         return judge(question, prediction, gold)
-    raise ValueError(f"unknown metric {metric!r}; expected em, f1, locomo_f1 or judge")
+    raise ValueError(f"unknown metric {metric!r}; expected em, f1, locomo_f1, bleu1 or judge")

@@ -1,0 +1,104 @@
+"""``atommem eval``: evaluate checkpoints and baselines under one protocol.
+
+    atommem eval --tasks tasks/hotpotqa.jsonl tasks/locomo.jsonl \
+        --methods oracle,heuristic,append_all,rag,full_context,mem0,memagent,roam,atommem \
+        --model checkpoints/base/smollm2-135m-instruct --backend hf --out checkpoints/run/eval
+    atommem eval --tasks synth=tasks/synth.jsonl --methods atommem --checkpoint checkpoints/run/grpo \
+        --backend openai --base-url http://127.0.0.1:8000/v1 --model-name policy --out DIR
+
+A task file may be named (``NAME=FILE``); otherwise its file name (without .jsonl) names the dataset.
+Methods: oracle (gold evidence, the upper bound), heuristic (no gold, no LLM), append_all, rag,
+full_context, mem0, memagent, roam, atommem (the --model prompted with the AtomMem tools), and one
+``checkpoint:NAME`` per --checkpoint (a trained policy folder, LoRA adapters included). Every LLM
+method uses the same reader model. Outputs in --out: metrics.json (schema in
+atommem_rl/eval/metrics.py), report.md, PNG plots, trajectories.jsonl, viewer.html.
+Evaluation trains nothing and gives gold fields to the oracle only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from atommem_rl.eval.methods import ALL_METHODS, EvalSettings
+
+    d = EvalSettings()
+    p = sub.add_parser("eval", help="evaluate checkpoints and baselines; metrics.json, report, plots, viewer",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tasks", nargs="+", required=True, help="task JSONL files (FILE or NAME=FILE)")
+    p.add_argument("--methods", default=",".join(ALL_METHODS), help=f"comma-separated (default: {','.join(ALL_METHODS)})")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--model", default=None, help="reader/policy model folder (default: the quickstart base model)")
+    p.add_argument("--checkpoint", action="append", default=[], help="trained checkpoint folder (repeatable): "
+                   "method checkpoint:<folder name>")
+    p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf")
+    p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for --backend openai")
+    p.add_argument("--model-name", default=None, help="model name sent to the endpoint (openai)")
+    p.add_argument("--limit", type=int, default=None, help="tasks per file (the first N)")
+    p.add_argument("--max-blocks", type=int, default=None, help="keep the first N blocks of each task and the "
+                   "questions answerable from them (same subset for every method; recorded)")
+    p.add_argument("--gen-batch-size", type=int, default=8, help="prompts per Hugging Face generate call")
+    p.add_argument("--run-logs", default=None, help="a training run folder (trainer_state.json) for the ops plot")
+    for f in ("seed", "retrieval_k", "embedder", "reader_max_new_tokens", "manager_max_new_tokens",
+              "policy_max_new_tokens", "context_tokens", "rag_chunk_tokens", "mem0_k", "memagent_chunk_tokens",
+              "memagent_memory_tokens", "roam_k", "roam_min_similarity", "chunk_tokens", "max_prompt_tokens",
+              "batch_size", "viewer_tasks", "judge_url", "judge_model"):
+        v = getattr(d, f)
+        typ = type(v) if v is not None else (int if f == "context_tokens" else str)
+        p.add_argument("--" + f.replace("_", "-"), type=typ, default=v, help=f"(default {v})")
+    p.set_defaults(func=main)
+
+
+def _datasets(specs: list[str], limit, max_blocks) -> tuple[dict, dict]:
+    from atommem_rl.eval.data import load_dataset
+
+    out, files = {}, {}
+    for spec in specs:
+        name, _, path = spec.partition("=") if "=" in spec and not os.path.exists(spec) else ("", "", spec)
+        name = name or Path(path).name.removesuffix(".jsonl")
+        if name in out:
+            raise ValueError(f"two task files name the dataset {name!r}: use NAME=FILE")
+        out[name] = load_dataset(path, limit=limit, max_blocks=max_blocks)
+        files[name] = str(path)
+    return out, files
+
+
+def main(args) -> int:
+    from atommem_rl.eval.backend import make_backend
+    from atommem_rl.eval.harness import evaluate
+    from atommem_rl.eval.methods import ALL_METHODS, EvalSettings
+    from atommem_rl.models import check_checkpoint
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    ckpts = {}
+    for c in args.checkpoint:
+        check_checkpoint(c)
+        name = f"checkpoint:{Path(c).name}"
+        ckpts[name] = (lambda c=c: make_backend(args.backend, c, base_url=args.base_url, model_name=args.model_name,
+                                                batch_size=args.gen_batch_size, context_window=args.context_tokens))
+        if name not in methods:
+            methods.append(name)
+    bad = [m for m in methods if m not in ALL_METHODS and m not in ckpts]
+    if bad:
+        raise ValueError(f"unknown method(s) {', '.join(bad)}; expected {', '.join(ALL_METHODS)} or checkpoint:NAME "
+                         "(one per --checkpoint)")
+    if args.model and args.backend != "openai":
+        check_checkpoint(args.model)
+    datasets, files = _datasets(args.tasks, args.limit, args.max_blocks)
+    fields = {f: getattr(args, f) for f in EvalSettings.__dataclass_fields__ if hasattr(args, f)}
+    settings = EvalSettings(**fields)
+    factory = lambda: make_backend(args.backend, args.model, base_url=args.base_url, model_name=args.model_name,  # noqa: E731
+                                   batch_size=args.gen_batch_size, context_window=args.context_tokens)
+    extra = {"task_files": files, "limit": args.limit, "max_blocks": args.max_blocks, "backend": args.backend,
+             "model": args.model or "checkpoints/base/smollm2-135m-instruct", "checkpoints": args.checkpoint,
+             "gen_batch_size": args.gen_batch_size, "trains": False}
+    metrics = evaluate(datasets, methods, args.out, settings=settings, backend_factory=factory, checkpoints=ckpts,
+                       run_logs=args.run_logs, extra_settings=extra)
+    summary = {m: {d: {"em": r["em"], "f1": r["f1"], "tokens_per_task": r["tokens_per_task"]} for d, r in by.items()}
+               for m, by in metrics["results"].items()}
+    print(json.dumps({"out": args.out, "results": summary}))
+    return 0

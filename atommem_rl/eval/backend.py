@@ -1,0 +1,233 @@
+"""One reader/policy model behind one interface, with every call and token counted per task.
+
+``Backend.generate(requests)`` takes :class:`Request` objects (chat messages, ``max_new_tokens``,
+the key of the task they belong to) and returns one text per request, in order. Every request is
+one LLM call: ``usage[key]`` accumulates ``calls``, ``prompt_tokens`` (the rendered chat prompt the
+model actually read) and ``completion_tokens`` (generated tokens up to and including the end token).
+
+    hf       Hugging Face ``generate``: requests sorted by length, left-padded, ``batch_size`` per
+             forward; greedy. Loads a model folder or a LoRA adapter folder through
+             ``atommem_rl.models.load_policy`` (clear ``CheckpointError`` naming the path).
+    vllm     ``vllm.LLM.chat`` on all requests at once (token counts from the engine's outputs).
+    openai   an OpenAI-compatible ``/v1/chat/completions`` endpoint (``vllm serve``): one request per
+             call, sent concurrently; token counts from the response's ``usage``.
+
+``context_window`` is the model's maximum positions (or ``--context-tokens``); a prompt longer than
+``context_window - max_new_tokens`` is cut from the left (its chat frame kept) and counted in
+``usage[key]["cut_prompts"]`` -- methods build their contexts to fit, so a cut is a reported
+anomaly, not a silent truncation.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cut_prompts")
+
+
+@dataclass
+class Request:
+    messages: list[dict]
+    max_new_tokens: int
+    key: Any = None
+
+
+class Backend:
+    name = "backend"
+
+    def __init__(self, model_name: str, tokenizer, context_window: int):
+        self.model_name = model_name
+        self.tokenizer = tokenizer
+        self.context_window = int(context_window)
+        self.usage: dict[Any, dict[str, int]] = defaultdict(lambda: dict.fromkeys(USAGE_KEYS, 0))
+
+    # ---------------------------------------------------------------- counting helpers
+    def render(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+    def truncate(self, text: str, n: int, keep: str = "head") -> str:
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= n:
+            return text
+        ids = ids[:n] if keep == "head" else ids[len(ids) - n:]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _account(self, key, prompt_tokens: int, completion_tokens: int, cut: bool = False) -> None:
+        u = self.usage[key]
+        u["calls"] += 1
+        u["prompt_tokens"] += int(prompt_tokens)
+        u["completion_tokens"] += int(completion_tokens)
+        u["cut_prompts"] += int(cut)
+
+    def take_usage(self, key) -> dict[str, int]:
+        return dict(self.usage.pop(key, dict.fromkeys(USAGE_KEYS, 0)))
+
+    def generate(self, requests: list[Request]) -> list[str]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class HFBackend(Backend):
+    """Hugging Face ``generate`` (CPU or GPU), greedy, batched."""
+
+    name = "hf"
+
+    def __init__(self, model: Any = None, tokenizer: Any = None, *, batch_size: int = 8,
+                 context_window: int | None = None, dtype: str | None = None):
+        import torch
+
+        if model is None or isinstance(model, (str, os.PathLike)):
+            from atommem_rl.models import BASE_MODEL_DIR, load_policy, prepare_base_model
+
+            path = model if model is not None else BASE_MODEL_DIR
+            if model is None and not os.path.exists(os.path.join(path, "config.json")):
+                prepare_base_model(path)
+            model, tokenizer = load_policy(path, dtype=dtype)
+            name = str(path)
+        else:
+            name = getattr(model.config, "_name_or_path", "model") or "model"
+        model.eval()
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        window = context_window or getattr(model.config, "max_position_embeddings", None) or 2048
+        super().__init__(name, tokenizer, window)
+        self.model = model
+        self.batch_size = batch_size
+        self.device = next(model.parameters()).device
+        self._torch = torch
+
+    def generate(self, requests: list[Request]) -> list[str]:
+        torch = self._torch
+        tok = self.tokenizer
+        outs: list[str] = [""] * len(requests)
+        encoded = []
+        for i, r in enumerate(requests):
+            ids = tok.encode(self.render(r.messages), add_special_tokens=False)
+            room = max(16, self.context_window - r.max_new_tokens)
+            cut = len(ids) > room
+            if cut:
+                ids = ids[len(ids) - room:]
+            encoded.append((i, ids, cut))
+        encoded.sort(key=lambda e: len(e[1]))
+        eos = set(tok.all_special_ids) if getattr(tok, "all_special_ids", None) else {tok.eos_token_id}
+        eos_id = self.model.generation_config.eos_token_id or tok.eos_token_id
+        for s in range(0, len(encoded), self.batch_size):
+            part = encoded[s:s + self.batch_size]
+            width = max(len(e[1]) for e in part)
+            pad = tok.pad_token_id
+            input_ids = torch.tensor([[pad] * (width - len(e[1])) + e[1] for e in part], device=self.device)
+            mask = torch.tensor([[0] * (width - len(e[1])) + [1] * len(e[1]) for e in part], device=self.device)
+            max_new = max(requests[e[0]].max_new_tokens for e in part)
+            with torch.no_grad():
+                gen = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new,
+                                          do_sample=False, pad_token_id=pad, eos_token_id=eos_id)
+            new = gen[:, width:].tolist()
+            for (i, ids, cut), row in zip(part, new):
+                row = row[: requests[i].max_new_tokens]
+                n = len(row)
+                for j, t in enumerate(row):
+                    if t in eos:
+                        n = j + 1
+                        break
+                outs[i] = tok.decode(row[:n], skip_special_tokens=True)
+                self._account(requests[i].key, len(ids), n, cut)
+        return outs
+
+
+class VLLMBackend(Backend):
+    """``vllm.LLM.chat`` (optional dependency; imported only when chosen)."""
+
+    name = "vllm"
+
+    def __init__(self, model: str | None = None, *, context_window: int | None = None, **llm_kwargs):
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        from atommem_rl.models import BASE_MODEL_DIR, check_checkpoint
+
+        path = str(check_checkpoint(model or BASE_MODEL_DIR))
+        self.llm = LLM(model=path, enforce_eager=llm_kwargs.pop("enforce_eager", True),
+                       max_model_len=context_window, **llm_kwargs)
+        window = context_window or self.llm.llm_engine.model_config.max_model_len
+        super().__init__(path, AutoTokenizer.from_pretrained(path), window)
+
+    def generate(self, requests: list[Request]) -> list[str]:
+        from vllm import SamplingParams
+
+        params = [SamplingParams(max_tokens=r.max_new_tokens, temperature=0.0) for r in requests]
+        outs = self.llm.chat([r.messages for r in requests], params, use_tqdm=False)
+        texts = []
+        for r, o in zip(requests, outs):
+            self._account(r.key, len(o.prompt_token_ids or []), len(o.outputs[0].token_ids))
+            texts.append(o.outputs[0].text)
+        return texts
+
+
+class OpenAIBackend(Backend):
+    """An OpenAI-compatible chat endpoint; ``tokenizer`` (a path) is used to fit contexts."""
+
+    name = "openai"
+
+    def __init__(self, base_url: str, model_name: str, *, tokenizer: str | None = None,
+                 context_window: int = 8192, concurrency: int = 16, timeout: float = 300.0):
+        from transformers import AutoTokenizer
+
+        from atommem_rl.models import BASE_MODEL_DIR, base_tokenizer
+
+        if not base_url:
+            raise ValueError("backend openai needs --base-url")
+        tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else (
+            AutoTokenizer.from_pretrained(BASE_MODEL_DIR) if BASE_MODEL_DIR.exists() else base_tokenizer())
+        super().__init__(model_name, tok, context_window)
+        url = base_url.rstrip("/")
+        self.url = url + ("/chat/completions" if url.endswith("/v1") else "/v1/chat/completions")
+        self.concurrency = concurrency
+        self.timeout = timeout
+
+    def _one(self, r: Request) -> str:
+        import httpx
+
+        try:
+            resp = httpx.post(self.url, json={"model": self.model_name, "messages": r.messages,
+                                              "max_tokens": r.max_new_tokens, "temperature": 0.0},
+                              headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"},
+                              timeout=self.timeout)
+            resp.raise_for_status()
+            body = resp.json()
+            text = body["choices"][0]["message"]["content"] or ""
+        except Exception as exc:
+            raise ConnectionError(f"model endpoint {self.url} failed: {exc}") from exc
+        usage = body.get("usage") or {}
+        self._account(r.key, usage.get("prompt_tokens") or self.count(self.render(r.messages)),
+                      usage.get("completion_tokens") or self.count(text))
+        return text
+
+    def generate(self, requests: list[Request]) -> list[str]:
+        if not requests:
+            return []
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+
+def make_backend(kind: str = "hf", model: Any = None, *, base_url: str | None = None,
+                 model_name: str | None = None, tokenizer: str | None = None, batch_size: int = 8,
+                 context_window: int | None = None) -> Backend:
+    if kind == "hf":
+        return HFBackend(model, batch_size=batch_size, context_window=context_window)
+    if kind == "vllm":
+        return VLLMBackend(model, context_window=context_window)
+    if kind == "openai":
+        return OpenAIBackend(base_url, model_name or (str(model) if model else "default"),
+                             tokenizer=tokenizer or (str(model) if model and os.path.isdir(str(model)) else None),
+                             context_window=context_window or 8192)
+    raise ValueError(f"unknown backend {kind!r}; expected hf, vllm or openai")

@@ -1,0 +1,513 @@
+"""The evaluated methods. Every LLM call goes through one :class:`~atommem_rl.eval.backend.Backend`
+(the same reader model for all of them) and is counted per task.
+
+Reader methods build a context per question and ask the reader (one call per question):
+
+    full_context   every block rendered in order; when it does not fit the reader's window (or
+                   ``context_tokens``), whole lines are dropped from the middle and the dropped share
+                   is reported (``context_truncated``)
+    rag            raw chunks of ``rag_chunk_tokens`` in Chroma; the top ``retrieval_k`` (6, as in
+                   AtomMem) per question
+    append_all     every sentence or turn one atom, no management; top ``retrieval_k`` per question
+    mem0           per incoming fact (sentence or turn) one LLM call chooses ADD, UPDATE, DELETE or
+                   NOOP against the ``mem0_k`` most similar memories (mem0's update step); an
+                   unparsable reply falls back to ADD (counted in ``parse_failures``)
+    memagent       a memory of at most ``memagent_memory_tokens`` rewritten by one call per chunk of
+                   ``memagent_chunk_tokens``, conditioned on the questions (MemAgent); the final
+                   memory is the context
+    roam           ROAM without training: per incoming fact, the ``roam_k`` most similar Primary atoms
+                   (cosine >= ``roam_min_similarity``) are labelled IND/EQV/OSN/NSO/CON by one call;
+                   the store's deterministic rules set roles; retrieval returns fused Primary views
+
+Policy methods run the memory environment (``envs``) with a policy: ``oracle`` (gold evidence: the
+upper bound), ``heuristic`` (no gold, no LLM), ``atommem`` (the model prompted with the AtomMem tools,
+no training) and ``checkpoint:NAME`` (a trained checkpoint, same environment).
+
+No method but the oracle sees gold: reader methods get :func:`public_task` (answers, evidence, unit
+roles, facts, relations and meta removed) and policies other than the oracle are started with it.
+Bookkeeping the metrics need (which units a memory came from) is recorded beside the method's
+state and never shown to it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from atommem_rl.tasks.schema import Task
+
+from .backend import Backend, Request
+
+READER_METHODS = ("full_context", "rag", "append_all", "mem0", "memagent", "roam")
+POLICY_METHODS = ("oracle", "heuristic", "atommem")
+ALL_METHODS = ("oracle", "heuristic", "append_all", "rag", "full_context", "mem0", "memagent", "roam", "atommem")
+LLM_METHODS = ("full_context", "rag", "append_all", "mem0", "memagent", "roam", "atommem")
+
+
+@dataclass
+class EvalSettings:
+    seed: int = 0
+    retrieval_k: int = 6
+    embedder: str = "hashing"
+    reader_max_new_tokens: int = 32
+    manager_max_new_tokens: int = 64
+    policy_max_new_tokens: int = 256
+    context_tokens: int | None = None
+    rag_chunk_tokens: int = 256
+    mem0_k: int = 5
+    memagent_chunk_tokens: int = 512
+    memagent_memory_tokens: int = 256
+    roam_k: int = 3
+    roam_min_similarity: float = 0.35
+    chunk_tokens: int = 512
+    max_prompt_tokens: int = 4096
+    batch_size: int = 8
+    viewer_tasks: int = 1
+    viewer_memory_cap: int = 80
+    judge_url: str | None = None
+    judge_model: str | None = None
+
+
+# ------------------------------------------------------------------------------ public task view
+def public_task(task: Task) -> Task:
+    """The task as a non-oracle method may see it: the input stream and the questions only."""
+    t = copy.deepcopy(task)
+    for b in t.blocks:
+        for u in b.units:
+            u.role, u.fact = "context", None
+    for q in t.questions:
+        q.answers, q.evidence, q.category = [], [], None
+    t.relations, t.meta = [], {}
+    return t
+
+
+def unit_lines(task: Task) -> list[tuple[str | None, str, str | None]]:
+    """(unit id or None for a header, rendered line, atom text) for the whole stream, in order."""
+    out = []
+    for b in task.blocks:
+        if task.kind == "dialogue":
+            out.append((None, f"[Session {b.id}" + (f", {b.date}]" if b.date else "]"), None))
+            for u in b.units:
+                if u.text.strip():
+                    line = f"{u.speaker or 'Speaker'}: {' '.join(u.text.split())}"
+                    atom = f"{u.speaker or 'Speaker'}" + (f" ({b.date})" if b.date else "") + f": {' '.join(u.text.split())}"
+                    out.append((u.id, line, atom))
+        else:
+            head = f"[{b.id}]" + (f" {b.title}" if b.title else "") + (f" ({b.date})" if b.date else "")
+            out.append((None, head, None))
+            for u in b.units:
+                if u.text.strip():
+                    s = " ".join(u.text.split())
+                    out.append((u.id, s, f"{b.title}: {s}" if b.title else s))
+    return out
+
+
+def pack_chunks(backend: Backend, lines, limit: int) -> list[tuple[str, list[str]]]:
+    """Whole lines packed into chunks of at most ``limit`` tokens (a longer line is its own chunk)."""
+    chunks, cur, ids, used = [], [], [], 0
+    for uid, line, _ in lines:
+        n = backend.count(line) + 1
+        if cur and used + n > limit:
+            chunks.append(("\n".join(cur), ids))
+            cur, ids, used = [], [], 0
+        cur.append(line)
+        used += n
+        if uid:
+            ids.append(uid)
+    if cur:
+        chunks.append(("\n".join(cur), ids))
+    return chunks
+
+
+# ------------------------------------------------------------------------------ reader
+READER_SYSTEM = ("Answer the question using only the context. Reply with a short answer (a name, place, "
+                 "date or number) and nothing else.")
+
+
+@dataclass
+class Item:
+    text: str
+    sources: list[str] = field(default_factory=list)
+
+
+def reader_messages(context: str, question: str) -> list[dict]:
+    return [{"role": "system", "content": READER_SYSTEM},
+            {"role": "user", "content": f"# Context\n{context}\n\n# Question\n{question}\n\nAnswer:"}]
+
+
+def clean_answer(text: str) -> str:
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line:
+            line = re.sub(r"^(answer\s*:\s*)", "", line, flags=re.IGNORECASE).strip()
+            return line.rstrip(".")[:200]
+    return ""
+
+
+def fit_items(backend: Backend, items: list[Item], question: str, budget: int) -> tuple[list[Item], int]:
+    """Keep items (best first) while the reader prompt fits ``budget`` tokens; returns (kept, dropped)."""
+    base = backend.count(backend.render(reader_messages("", question)))
+    kept, used = [], base
+    for it in items:
+        n = backend.count(it.text) + 1
+        if used + n > budget:
+            break
+        kept.append(it)
+        used += n
+    return kept, len(items) - len(kept)
+
+
+def reader_budget(backend: Backend, s: EvalSettings) -> int:
+    window = backend.context_window if s.context_tokens is None else min(s.context_tokens, backend.context_window)
+    return window - s.reader_max_new_tokens - 8
+
+
+# ------------------------------------------------------------------------------ episode records
+class Episode:
+    """What one method did on one task: predictions, what each answer saw, memory, viewer steps."""
+
+    def __init__(self, task: Task, record_steps: bool, memory_cap: int):
+        self.task = task
+        self.predictions: dict[str, str] = {}
+        self.shown: dict[str, list[Item]] = {}
+        self.ops: dict[str, int] = {}
+        self.steps: list[dict] | None = [] if record_steps else None
+        self.memory: list[dict] = []
+        self.extra: dict[str, Any] = {}
+        self.memory_cap = memory_cap
+
+    def op(self, name: str, n: int = 1) -> None:
+        self.ops[name] = self.ops.get(name, 0) + n
+
+    def step(self, kind: str, text: str, actions: list[str], memory: list[dict] | None = None,
+             retrieved: list[str] | None = None, answer: str | None = None) -> None:
+        if self.steps is None:
+            return
+        mem = memory or []
+        self.steps.append({"kind": kind, "input": text[:4000], "actions": [a[:1000] for a in actions],
+                           "memory": mem[-self.memory_cap:], "memory_total": len(mem),
+                           "retrieved": retrieved or [], "answer": answer})
+
+
+def store_memory(store, handles: dict[str, str]) -> list[dict]:
+    out = []
+    for a in store.snapshot():
+        out.append({"handle": handles.get(a["id"], a["id"]), "text": a["text"], "role": a["role"],
+                    "relations": {handles.get(k, k): v for k, v in a["relations"].items()},
+                    "sources": a["source_ids"]})
+    return out
+
+
+def _new_store(s: EvalSettings, embedder):
+    from atommem_rl.memory.store import AtomStore
+    from envs.core import _default_client
+
+    return AtomStore(f"eval-{uuid.uuid4().hex[:12]}", client=_default_client(), embedder=embedder, max_chars=4000)
+
+
+# ------------------------------------------------------------------------------ the reader methods
+def _answer_all(ep: Episode, contexts: dict[str, list[Item]], backend: Backend, s: EvalSettings, key,
+                memory: list[dict] | None = None):
+    """Generator step: one reader call per question over its items; fills predictions."""
+    budget = reader_budget(backend, s)
+    reqs, qids = [], []
+    for q in ep.task.questions:
+        items, dropped = fit_items(backend, contexts[q.id], q.question, budget)
+        if dropped:
+            ep.extra["items_dropped"] = ep.extra.get("items_dropped", 0) + dropped
+        ep.shown[q.id] = items
+        reqs.append(Request(reader_messages("\n".join(i.text for i in items), q.question), s.reader_max_new_tokens, key))
+        qids.append(q.id)
+    outs = yield reqs
+    for qid, q, out in zip(qids, ep.task.questions, outs):
+        ep.predictions[qid] = clean_answer(out)
+        ep.step("answer", f"{qid}: {q.question}", [out], memory, [i.text for i in ep.shown[qid]], ep.predictions[qid])
+
+
+def run_full_context(ep, backend, s, key, embedder):
+    lines = unit_lines(ep.task)
+    budget = reader_budget(backend, s)
+    longest_q = max(ep.task.questions, key=lambda q: len(q.question)).question
+    room = budget - backend.count(backend.render(reader_messages("", longest_q)))
+    costs = [backend.count(l) + 1 for _, l, _ in lines]
+    total = sum(costs)
+    keep = list(range(len(lines)))
+    if total > room:  # drop whole lines from the middle
+        head, tail, used = [], [], 0
+        i, j = 0, len(lines) - 1
+        while i <= j:
+            if used + costs[i] > room:
+                break
+            head.append(i)
+            used += costs[i]
+            i += 1
+            if i <= j and used + costs[j] <= room:
+                tail.insert(0, j)
+                used += costs[j]
+                j -= 1
+            elif i <= j:
+                break
+        keep = head + [-1] + tail
+    text_lines, sources = [], []
+    for k in keep:
+        if k == -1:
+            text_lines.append("[... middle of the input cut to fit the context window ...]")
+            continue
+        uid, line, _ = lines[k]
+        text_lines.append(line)
+        if uid:
+            sources.append(uid)
+    kept_tokens = sum(costs[k] for k in keep if k >= 0)
+    ep.extra["context_tokens"] = kept_tokens
+    ep.extra["context_truncated"] = 1.0 - kept_tokens / total if total else 0.0
+    item = Item("\n".join(text_lines), sources)
+    ep.step("context", item.text, [f"full context: {kept_tokens} of {total} tokens kept"])
+    yield from _answer_all(ep, {q.id: [item] for q in ep.task.questions}, backend, s, key)
+
+
+def run_rag(ep, backend, s, key, embedder):
+    store = _new_store(s, embedder)
+    try:
+        chunks = pack_chunks(backend, unit_lines(ep.task), s.rag_chunk_tokens)
+        atoms = store.create_many([{"text": t, "source_ids": ids} for t, ids in chunks])
+        ep.op("index", len(atoms))
+        handles = {a.id: f"C{i + 1}" for i, a in enumerate(atoms)}
+        mem = store_memory(store, handles) if ep.steps is not None else None
+        ep.step("index", f"{len(chunks)} chunks of up to {s.rag_chunk_tokens} tokens", [], mem)
+        ctx = {q.id: [Item(v.text, list(v.atom.source_ids)) for v in store.read(q.question, s.retrieval_k)]
+               for q in ep.task.questions}
+        ep.op("read", len(ep.task.questions))
+        ep.memory = store_memory(store, handles)
+        yield from _answer_all(ep, ctx, backend, s, key, mem)
+    finally:
+        store.drop()
+
+
+def run_append_all(ep, backend, s, key, embedder):
+    store = _new_store(s, embedder)
+    try:
+        lines = [(u, a) for u, _, a in unit_lines(ep.task) if u]
+        atoms = store.create_many([{"text": a, "source_ids": [u]} for u, a in lines]) if lines else []
+        ep.op("create", len(atoms))
+        handles = {a.id: f"M{i + 1}" for i, a in enumerate(atoms)}
+        mem = store_memory(store, handles) if ep.steps is not None else None
+        ep.step("index", f"{len(atoms)} sentences/turns stored as atoms", [], mem)
+        ctx = {q.id: [Item(v.text, list(v.atom.source_ids)) for v in store.read(q.question, s.retrieval_k)]
+               for q in ep.task.questions} if atoms else {q.id: [] for q in ep.task.questions}
+        ep.op("read", len(ep.task.questions))
+        ep.memory = store_memory(store, handles)
+        yield from _answer_all(ep, ctx, backend, s, key, mem)
+    finally:
+        store.drop()
+
+
+MEM0_SYSTEM = (
+    "You are a memory manager. You keep a list of memories about a long input. For a new fact, compare "
+    "it with the existing similar memories and choose exactly one operation:\n"
+    "ADD: new information not in memory.\n"
+    "UPDATE: an existing memory is about the same thing and the new fact adds to or changes it; give its id "
+    "and the merged text.\n"
+    "DELETE: the new fact contradicts an existing memory that is now wrong; give its id (the new fact is "
+    "then stored).\n"
+    "NOOP: the fact is already known or not worth keeping.\n"
+    'Reply with one JSON object: {"event": "ADD|UPDATE|DELETE|NOOP", "id": "<memory id or empty>", '
+    '"text": "<merged text for UPDATE>"}')
+_EVENT = re.compile(r"\b(ADD|UPDATE|DELETE|NOOP|NONE)\b", re.IGNORECASE)
+
+
+def parse_mem0(text: str, n_candidates: int) -> tuple[str, int | None, str, bool]:
+    """(event, candidate index or None, text, parsed) from a mem0-style reply."""
+    obj = None
+    m = re.search(r"\{.*?\}", text or "", re.DOTALL)
+    if m:
+        try:
+            obj = json.loads(m.group(0))
+        except json.JSONDecodeError:
+            obj = None
+    if isinstance(obj, dict) and isinstance(obj.get("event"), str):
+        ev = obj["event"].strip().upper()
+        raw_id, new_text = obj.get("id"), obj.get("text") if isinstance(obj.get("text"), str) else ""
+    else:
+        mm = _EVENT.search(text or "")
+        if not mm:
+            return "ADD", None, "", False
+        ev = mm.group(1).upper()
+        ids = re.findall(r"\bid\D{0,6}(\d+)", text or "", re.IGNORECASE)
+        raw_id, new_text = (ids[0] if ids else None), ""
+    ev = "NOOP" if ev == "NONE" else ev
+    if ev not in ("ADD", "UPDATE", "DELETE", "NOOP"):
+        return "ADD", None, "", False
+    idx = None
+    try:
+        idx = int(str(raw_id).strip().strip("[]")) if raw_id not in (None, "") else None
+    except ValueError:
+        idx = None
+    if ev in ("UPDATE", "DELETE") and (idx is None or not 0 <= idx < n_candidates):
+        return "ADD", None, "", False
+    return ev, idx, new_text.strip(), True
+
+
+def run_mem0(ep, backend, s, key, embedder):
+    store = _new_store(s, embedder)
+    extra_sources: dict[str, set[str]] = {}
+    handles: dict[str, str] = {}
+    counter = itertools.count(1)
+    try:
+        for uid, _, fact in [x for x in unit_lines(ep.task) if x[0]]:
+            cands = store.read(fact, s.mem0_k) if len(store) else []
+            listing = "\n".join(f"[{i}] {v.atom.text}" for i, v in enumerate(cands)) or "(none)"
+            msgs = [{"role": "system", "content": MEM0_SYSTEM},
+                    {"role": "user", "content": f"Existing similar memories:\n{listing}\n\nNew fact: {fact}\n\nOperation:"}]
+            (out,) = yield [Request(msgs, s.manager_max_new_tokens, key)]
+            ev, idx, new_text, ok = parse_mem0(out, len(cands))
+            if not ok:
+                ep.op("parse_failures")
+            ep.op(ev.lower())
+            if ev in ("ADD", "DELETE"):
+                if ev == "DELETE":
+                    store.delete(cands[idx].id)
+                a = store.create(fact, source_ids=[uid])
+                handles[a.id] = f"M{next(counter)}"
+            elif ev == "UPDATE":
+                target = cands[idx].atom
+                store.update(target.id, new_text or f"{target.text}; {fact}")
+                extra_sources.setdefault(target.id, set()).add(uid)
+            if ep.steps is not None:
+                ep.step("fact", fact, [out, f"-> {ev}" + (f" [{idx}]" if idx is not None else "")],
+                        _with_extra(store_memory(store, handles), extra_sources, handles))
+        ep.memory = _with_extra(store_memory(store, handles), extra_sources, handles)
+        ctx = {}
+        for q in ep.task.questions:
+            views = store.read(q.question, s.retrieval_k) if len(store) else []
+            ctx[q.id] = [Item(v.text, sorted(set(v.atom.source_ids) | extra_sources.get(v.id, set()))) for v in views]
+        yield from _answer_all(ep, ctx, backend, s, key, ep.memory if ep.steps is not None else None)
+    finally:
+        store.drop()
+
+
+def _with_extra(mem: list[dict], extra: dict[str, set[str]], handles: dict[str, str]) -> list[dict]:
+    inv = {h: aid for aid, h in handles.items()}
+    for m in mem:
+        more = extra.get(inv.get(m["handle"], ""), set())
+        if more:
+            m["sources"] = sorted(set(m["sources"]) | more)
+    return mem
+
+
+MEMAGENT_SYSTEM = ("You read a long input chunk by chunk and keep a memory of at most {n} tokens that will be "
+                   "used to answer the questions. Rewrite the memory: keep what matters for the questions and "
+                   "add what the new chunk says about them. Reply with the new memory only.")
+
+
+def run_memagent(ep, backend, s, key, embedder):
+    chunks = pack_chunks(backend, unit_lines(ep.task), s.memagent_chunk_tokens)
+    qtext = "\n".join(f"{q.id}: {q.question}" for q in ep.task.questions)
+    memory = ""
+    for i, (chunk, _) in enumerate(chunks):
+        msgs = [{"role": "system", "content": MEMAGENT_SYSTEM.format(n=s.memagent_memory_tokens)},
+                {"role": "user", "content": f"# Questions\n{qtext}\n\n# Current memory\n{memory or '(empty)'}\n\n"
+                                            f"# New chunk ({i + 1} of {len(chunks)})\n{chunk}\n\nNew memory:"}]
+        (out,) = yield [Request(msgs, s.memagent_memory_tokens, key)]
+        memory = backend.truncate(out.strip(), s.memagent_memory_tokens)
+        ep.op("rewrite")
+        ep.step("chunk", chunk, [out], [{"handle": "memory", "text": memory, "role": "primary", "relations": {},
+                                         "sources": []}])
+    ep.memory = [{"handle": "memory", "text": memory, "role": "primary", "relations": {}, "sources": []}]
+    ctx = {q.id: [Item(memory or "(empty memory)", [])] for q in ep.task.questions}
+    ep.extra["no_sources"] = True
+    yield from _answer_all(ep, ctx, backend, s, key, ep.memory)
+
+
+ROAM_SYSTEM = (
+    "You label how a NEW memory relates to each OLDER memory. Labels:\n"
+    "IND: independent, about different things.\nEQV: equivalent, the same content.\n"
+    "OSN: the old memory is subsumed by the new one (the new one is more complete).\n"
+    "NSO: the new memory is subsumed by the old one.\n"
+    "CON: conflict, the new memory replaces the old one (e.g. a change over time).\n"
+    "Reply with one line per older memory: <number>: <label>.")
+_ROAM_LINE = re.compile(r"(\d+)\s*[:.)\-]\s*\(?\s*(IND|EQV|OSN|NSO|CON)\b", re.IGNORECASE)
+
+
+def parse_roam(text: str, n: int) -> tuple[dict[int, str], bool]:
+    """{candidate number (1-based): short label}; missing numbers are IND."""
+    found = {int(a): b.upper() for a, b in _ROAM_LINE.findall(text or "") if 1 <= int(a) <= n}
+    return {i: found.get(i, "IND") for i in range(1, n + 1)}, bool(found)
+
+
+def run_roam(ep, backend, s, key, embedder):
+    from atommem_rl.memory.atom import Relation
+
+    store = _new_store(s, embedder)
+    handles: dict[str, str] = {}
+    counter = itertools.count(1)
+    try:
+        for uid, _, fact in [x for x in unit_lines(ep.task) if x[0]]:
+            cands = [v for v in (store.read(fact, s.roam_k) if len(store) else []) if v.score >= s.roam_min_similarity]
+            atom = store.create(fact, source_ids=[uid])
+            handles[atom.id] = f"M{next(counter)}"
+            ep.op("create")
+            actions = []
+            if cands:
+                listing = "\n".join(f"{i + 1}. {v.atom.text}" for i, v in enumerate(cands))
+                msgs = [{"role": "system", "content": ROAM_SYSTEM},
+                        {"role": "user", "content": f"NEW: {fact}\nOLDER:\n{listing}\n\nLabels:"}]
+                (out,) = yield [Request(msgs, s.manager_max_new_tokens, key)]
+                labels, ok = parse_roam(out, len(cands))
+                if not ok:
+                    ep.op("parse_failures")
+                actions.append(out)
+                for i, v in enumerate(cands, 1):
+                    rel = Relation.parse(labels[i])
+                    if v.id in store and atom.id in store:
+                        try:
+                            store.relate(atom.id, v.id, rel)
+                            ep.op("relate")
+                            actions.append(f"{rel.value}({handles[atom.id]}, {handles.get(v.id, v.id)})")
+                        except Exception as exc:  # a refused label (cycle) is the rules' decision
+                            actions.append(f"refused {rel.value}: {type(exc).__name__}")
+            if ep.steps is not None:
+                ep.step("fact", fact, actions, store_memory(store, handles))
+        ep.memory = store_memory(store, handles)
+        ctx = {q.id: [Item(v.text, sorted({*v.atom.source_ids, *[sid for e in v.evidence_ids
+                                                                  for sid in (store.get_any(e).source_ids if store.get_any(e) else ())]}))
+                       for v in store.read(q.question, s.retrieval_k)] if len(store) else []
+               for q in ep.task.questions}
+        yield from _answer_all(ep, ctx, backend, s, key, ep.memory if ep.steps is not None else None)
+    finally:
+        store.drop()
+
+
+READERS = {"full_context": run_full_context, "rag": run_rag, "append_all": run_append_all, "mem0": run_mem0,
+           "memagent": run_memagent, "roam": run_roam}
+
+
+def drive(generators: dict[Any, Any], backend: Backend | None) -> dict[Any, Any]:
+    """Step method generators in lockstep: each round, every open episode's requests go into one
+    ``backend.generate`` call. Returns {key: the generator's return value}."""
+    pending: dict[Any, list[Request]] = {}
+    done: dict[Any, Any] = {}
+    for k, g in generators.items():
+        try:
+            pending[k] = next(g)
+        except StopIteration as stop:
+            done[k] = stop.value
+    while pending:
+        keys = list(pending)
+        flat = [r for k in keys for r in pending[k]]
+        outs = backend.generate(flat) if flat else []
+        pos = 0
+        nxt = {}
+        for k in keys:
+            n = len(pending[k])
+            part, pos = outs[pos:pos + n], pos + n
+            try:
+                nxt[k] = generators[k].send(part)
+            except StopIteration as stop:
+                done[k] = stop.value
+        pending = nxt
+    return done
