@@ -1,0 +1,341 @@
+"""Step-wise GRPO for memory episodes, on TRL's GRPOTrainer.
+
+Algorithm (AtomMem's training, DESIGN.md section 1). Each training row is a *task* (a document
+stream or a dialogue with questions). TRL's sampler repeats every task G = ``num_generations``
+times; each copy runs as one episode of the memory POMDP (``envs``):
+
+  1. all active episodes of this process are stepped together: their prompts (rules and tool
+     schemas, questions, scratchpad, retrieved memory views, the current chunk) are rendered with the
+     policy's chat template and generated in ONE call through TRL's own generation path
+     (``_generate_single_turn``: Hugging Face ``generate``, vLLM colocated, or a vLLM server); the
+     completions (tool calls) are applied by the environment;
+  2. after the answer phase the episode's return R (terminal task reward, e.g. exact match, plus
+     any shaping the environment is configured with) is known;
+  3. advantages are group-relative over the G episodes of a task: A = R - mean_group(R), divided by
+     the group std only if ``scale_rewards="group"`` (default "none": Dr. GRPO, as AtomMem);
+  4. every step of an episode becomes its own (prompt, completion) sample ("multi-conversation"
+     rollout) carrying the episode's advantage A, so the terminal advantage reaches every token the
+     policy produced in the episode, across all steps. Prompt tokens (observations, tool results,
+     memory views) are never trained on: only completion tokens carry loss.
+
+The loss is TRL's: clipped importance ratio with ``epsilon`` / ``epsilon_high`` (clip-high 0.28),
+``loss_type="dapo"`` (every policy token of the generation batch weighs the same, which is what a
+variable number of steps per episode needs), KL ``beta`` (0 by default). Rollout log-probabilities
+from vLLM are kept for TRL's importance-sampling correction. What this subclass overrides is only
+``_generate_and_score_completions``: episodes instead of single completions.
+
+Launch:
+    atommem grpo --config recipes/quickstart/grpo.yaml                     # CPU, SmolLM2-135M
+    accelerate launch --config_file recipes/accelerate/zero3.yaml -m atommem_rl.cli grpo \
+        --config recipes/qwen3_8b/grpo.yaml                                # 8 GPUs
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate.utils import gather_object
+from trl import GRPOConfig, GRPOTrainer, ModelConfig
+from trl.trainer.utils import pad
+
+from envs.core import OPS
+
+from ..policies.base import Policy
+from ..rollout import run_rollouts
+from ..tasks.schema import Task
+from .recipes import CHECKPOINTS, parse_recipe_args
+from .task_source import TaskSource, load_train_tasks, task_rows
+
+
+def episode_return(completions=None, **kwargs) -> list[float]:
+    """Named reward for TRL's bookkeeping; the step-wise trainer computes returns in the environment."""
+    return [float(r) for r in kwargs.get("episode_return", [0.0] * len(completions or []))]
+
+
+@dataclass
+class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
+    """TRL's ``GRPOConfig`` and ``ModelConfig`` plus the task source and environment settings.
+
+    Defaults changed from TRL to AtomMem's: ``scale_rewards="none"`` (Dr. GRPO), ``epsilon_high=0.28``,
+    ``beta=0.0``; W&B offline by default; ``output_dir`` = <checkpoints_dir>/<run_name>/grpo.
+    """
+
+    model_name_or_path: str | None = field(
+        default="checkpoints/base/smollm2-135m-instruct",
+        metadata={"help": "Policy checkpoint (the SFT output, a base model, or a LoRA adapter folder)."})
+    run_name: str | None = field(default="atommem", metadata={"help": "Outputs go to <checkpoints_dir>/<run_name>/grpo."})
+    checkpoints_dir: str = field(default=CHECKPOINTS, metadata={"help": "Root folder of run outputs."})
+    scale_rewards: str = field(default="none", metadata={"help": "none (Dr. GRPO) | group | batch."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip of the ratio (clip-high)."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient against the reference policy."})
+    report_to: None | str | list[str] = field(default="wandb", metadata={"help": "Loggers: wandb, none, ..."})
+    rollout_batch_size: int | None = field(
+        default=None, metadata={"help": "Episodes stepped at once (None: all episodes of the generation batch)."})
+
+    def __post_init__(self):
+        if self.output_dir is None:
+            self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "grpo")
+        TaskSource.__post_init__(self)
+        ModelConfig.__post_init__(self)
+        super().__post_init__()
+        if self.scale_rewards not in ("none", "group", "batch"):
+            raise ValueError(f"scale_rewards must be none, group or batch, got {self.scale_rewards!r}")
+
+
+class TrainerPolicy(Policy):
+    """The policy being trained, as the rollout runner sees it: one generation call per step for
+    all of this process's active episodes, through the trainer's generation backend.
+
+    It records, per episode key, the exact token ids it was prompted with and produced (and the
+    sampling log-probabilities when the backend returns them), which become the training samples.
+    With several processes every generation round is collective (vLLM server, ZeRO-3 and FSDP
+    gather across ranks), so a process whose episodes are all done keeps joining rounds with a
+    throw-away prompt until every process is done (``drain``).
+    """
+
+    name = "trainer"
+
+    def __init__(self, trainer: "StepwiseGRPOTrainer"):
+        self.trainer = trainer
+        self.tok = trainer.processing_class
+        self.steps: dict[Any, list[tuple[list[int], list[int], list[float] | None]]] = {}
+        self.order: list[Any] = []
+        self.ended: list[Any] = []
+
+    def start(self, key, task) -> None:
+        self.steps[key] = []
+        self.order.append(key)
+
+    def end(self, key) -> None:
+        self.ended.append(key)
+
+    def _round(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list | None]:
+        t = self.trainer
+        if t.accelerator.num_processes > 1:
+            busy = t.accelerator.gather(torch.tensor([int(bool(prompt_ids))], device=t.accelerator.device))
+            if int(busy.max()) == 0:
+                return [], None
+            if not prompt_ids:  # join the collective with a throw-away prompt
+                t._generate_single_turn([[self.tok.eos_token_id]], None, {}, 1)
+                return [], None
+        return t._generate_single_turn(prompt_ids, None, {}, 1)
+
+    def act(self, batch):
+        prompt_ids = []
+        for _, obs, _ in batch:
+            text = self.tok.apply_chat_template(obs, tokenize=False, add_generation_prompt=True)
+            prompt_ids.append(self.tok.encode(text, add_special_tokens=False))
+        completion_ids, logprobs = self._round(prompt_ids)
+        texts = self.tok.batch_decode(completion_ids, skip_special_tokens=True)
+        for i, (key, _, _) in enumerate(batch):
+            lp = None if logprobs is None else list(logprobs[i])
+            self.steps[key].append((prompt_ids[i], list(completion_ids[i]), lp))
+        return texts
+
+    def drain(self) -> None:
+        """Keep joining collective generation rounds until no process has active episodes."""
+        if self.trainer.accelerator.num_processes > 1:
+            while True:
+                busy = self.trainer.accelerator.gather(torch.tensor([0], device=self.trainer.accelerator.device))
+                if int(busy.max()) == 0:
+                    return
+                self.trainer._generate_single_turn([[self.tok.eos_token_id]], None, {}, 1)
+
+
+def group_advantages(returns: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
+    """Group-relative advantages of episode returns laid out as consecutive groups of ``group_size``.
+
+    none: R - mean_group (Dr. GRPO); group: divided by the group std (+1e-4); batch: by the batch std.
+    """
+    grouped = returns.view(-1, group_size)
+    adv = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
+    if scale == "group":
+        std = grouped.std(dim=1, keepdim=True).expand_as(grouped).reshape(-1) if group_size > 1 else torch.zeros_like(adv)
+        adv = adv / (std + 1e-4)
+    elif scale == "batch":
+        adv = adv / (returns.std() + 1e-4)
+    return adv
+
+
+def step_samples(episodes: list[list[tuple]], advantages: list[float]) -> list[tuple]:
+    """Broadcast each episode's advantage to every one of its steps: (prompt, completion, logps, A)."""
+    return [(p, c, lp, a) for steps, a in zip(episodes, advantages, strict=True) for (p, c, lp) in steps]
+
+
+class StepwiseGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose generation batch is made of memory episodes (see the module docstring)."""
+
+    def __init__(self, *args, env_config: dict | None = None, rollout_batch_size: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.env_config = dict(env_config or {})
+        self.rollout_batch_size = rollout_batch_size
+
+    def _run_episodes(self, tasks: list[Task], seed: int) -> tuple[list[dict], list[list[tuple]]]:
+        """Run one episode per task (in task order); returns trajectories and per-step token samples."""
+        policy = TrainerPolicy(self)
+        finished: list[dict] = []
+        run_rollouts(tasks, policy, {"tokenizer": self.processing_class, **self.env_config},
+                     batch_size=self.rollout_batch_size or len(tasks), seed=seed, record_prompts=False,
+                     on_episode=finished.append)
+        policy.drain()
+        # the runner opens episodes in task order with keys 0..n-1 and calls policy.end(key) right
+        # before it reports that episode's trajectory, so ``ended`` and ``finished`` pair up
+        by_key = dict(zip(policy.ended, finished, strict=True))
+        recs = [by_key[k] for k in policy.order]
+        # a step that crashed the environment has no trajectory record: it is not a sample
+        return recs, [policy.steps[k][: len(by_key[k]["steps"])] for k in policy.order]
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        device = self.accelerator.device
+        mode = "train" if self.model.training else "eval"
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        tasks = [Task.from_dict(json.loads(x["task"])) for x in inputs]
+        seed = int(self.args.seed) + 1_000_003 * int(self.state.global_step) + 7919 * self.accelerator.process_index
+        recs, episodes = self._run_episodes(tasks, seed)
+
+        returns = torch.tensor([float(r.get("return", 0.0)) for r in recs], dtype=torch.float32, device=device)
+        all_returns = self.accelerator.gather(returns)
+        all_adv = group_advantages(all_returns, group, self.scale_rewards)
+        i0 = self.accelerator.process_index * len(inputs)
+        advantages = all_adv[i0 : i0 + len(inputs)].tolist()
+
+        samples = step_samples(episodes, advantages)
+        n_real = len(samples)
+        # TRL cuts the batch into steps_per_generation equal slices and drops a remainder: pad with
+        # copies of real samples whose completion mask is zero (no loss, no tokens counted)
+        spg = self.args.steps_per_generation if mode == "train" else 1
+        while len(samples) % spg:
+            p, c, lp, _ = samples[len(samples) % n_real]
+            samples.append((p, c, lp, None))
+
+        pad_id = self._tokenizer.pad_token_id
+        prompt_ids = pad([torch.tensor(s[0]) for s in samples], padding_value=pad_id, padding_side="left").to(device)
+        prompt_mask = pad([torch.ones(len(s[0]), dtype=torch.long) for s in samples], padding_value=0,
+                          padding_side="left").to(device)
+        completion_ids = pad([torch.tensor(s[1] or [pad_id]) for s in samples], padding_value=pad_id,
+                             padding_side="right").to(device)
+        completion_mask = pad([torch.full((max(1, len(s[1])),), int(s[3] is not None and len(s[1]) > 0), dtype=torch.long)
+                               for s in samples], padding_value=0, padding_side="right").to(device)
+        adv = torch.tensor([0.0 if s[3] is None else s[3] for s in samples], dtype=torch.float32, device=device)
+        num_items_in_batch = self.accelerator.gather(completion_mask.sum()).sum()
+
+        output: dict[str, Any] = {
+            "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask, "advantages": adv, "num_items_in_batch": num_items_in_batch,
+        }
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)
+        keep = completion_ids.size(1)
+        batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
+        with torch.no_grad():
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            if self.args.gradient_accumulation_steps % generate_every != 0 or (
+                self.use_vllm and self.vllm_importance_sampling_correction
+            ):
+                output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention, keep, batch_size=batch_size)
+            if self.beta != 0.0 and self.ref_model is not None:
+                output["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.ref_model, input_ids, attention, keep, batch_size=batch_size)
+        if self.use_vllm and all(s[2] is not None for s in samples):
+            sampling = pad([torch.tensor(s[2] if s[2] else [0.0]) for s in samples], padding_value=0.0,
+                           padding_side="right").to(device)
+            output["sampling_per_token_logps"] = sampling
+            if self.vllm_importance_sampling_correction:
+                diff = torch.nan_to_num((output["old_per_token_logps"] - sampling) * completion_mask, nan=0.0)
+                ratio = torch.exp(diff)
+                output["importance_sampling_ratio"] = torch.clamp(ratio, max=self.vllm_importance_sampling_clip_max)
+        self._log_episodes(mode, recs, all_returns, n_real, completion_mask)
+        if self.log_completions:
+            self._logs["prompt"].extend(gather_object([self._tokenizer.decode(s[0][-400:]) for s in samples[:n_real]]))
+            self._logs["completion"].extend(gather_object([self._tokenizer.decode(s[1]) for s in samples[:n_real]]))
+            for name in self.reward_func_names:
+                self._logs["rewards"][name].extend(gather_object([float(s[3]) for s in samples[:n_real]]))
+            self._logs["advantages"].extend(gather_object([float(s[3]) for s in samples[:n_real]]))
+        return output
+
+    def _log_episodes(self, mode: str, recs: list[dict], all_returns: torch.Tensor, n_samples: int,
+                      completion_mask: torch.Tensor) -> None:
+        """Reward, operation frequencies per step (AtomMem's training-dynamics figure), tool errors,
+        episode lengths and tokens, averaged over all processes."""
+        m = self._metrics[mode]
+        m["reward"].append(all_returns.mean().item())
+        m["reward_std"].append(all_returns.std().item() if all_returns.numel() > 1 else 0.0)
+        local = {
+            "em": sum(r.get("em", 0.0) for r in recs), "f1": sum(r.get("f1", 0.0) for r in recs),
+            "episode_steps": sum(len(r["steps"]) for r in recs),
+            "tool_errors": sum(r.get("tool_errors", 0) for r in recs),
+            "crashes": sum(int(r.get("crashed", False)) for r in recs),
+            "completion_tokens": float(completion_mask.sum()),
+            **{f"op_{op}": sum((r.get("ops") or {}).get(op, 0) for r in recs) for op in OPS},
+            "episodes": len(recs), "steps": n_samples,
+        }
+        keys = sorted(local)
+        totals = self.accelerator.gather(torch.tensor([float(local[k]) for k in keys], device=self.accelerator.device))
+        totals = totals.view(-1, len(keys)).sum(0).tolist()
+        agg = dict(zip(keys, totals))
+        eps, steps = max(agg["episodes"], 1.0), max(agg["steps"], 1.0)
+        m["episode/em"].append(agg["em"] / eps)
+        m["episode/f1"].append(agg["f1"] / eps)
+        m["episode/steps"].append(agg["episode_steps"] / eps)
+        m["episode/crashes"].append(agg["crashes"])
+        m["tools/errors_per_step"].append(agg["tool_errors"] / steps)
+        m["tokens/completion_per_step"].append(agg["completion_tokens"] / steps)
+        for op in OPS:
+            m[f"ops/{op}_per_step"].append(agg[f"op_{op}"] / steps)
+
+
+def build_trainer(config: GRPORecipeConfig) -> StepwiseGRPOTrainer:
+    from ..models import load_policy
+
+    tasks = load_train_tasks(config)
+    model, tokenizer = load_policy(config.model_name_or_path, trainable=True)
+    peft_config = None
+    if config.use_peft:
+        from trl import get_peft_config
+
+        peft_config = get_peft_config(config)
+    return StepwiseGRPOTrainer(
+        model=model, reward_funcs=[episode_return], args=config, train_dataset=task_rows(tasks),
+        processing_class=tokenizer, peft_config=peft_config, env_config=config.env_config,
+        rollout_batch_size=config.rollout_batch_size,
+    )
+
+
+def train(config: GRPORecipeConfig) -> dict:
+    """Run GRPO; returns the summary also written to ``<output_dir>/grpo_summary.json``."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from .sft import _resume_arg, setup_wandb
+
+    t0 = time.perf_counter()
+    Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+    setup_wandb(config)
+    trainer = build_trainer(config)
+    resume = _resume_arg(config.resume_from_checkpoint)
+    if resume is True and get_last_checkpoint(config.output_dir) is None:
+        resume = None  # nothing to resume yet: start fresh (a rerun of the same command resumes)
+    result = trainer.train(resume_from_checkpoint=resume)
+    trainer.save_model(config.output_dir)
+    summary = {"output_dir": config.output_dir, "run_name": config.run_name, "global_step": trainer.state.global_step,
+               "train_loss": result.training_loss, "resumed_from": resume if resume is not True else "last",
+               "seconds": round(time.perf_counter() - t0, 1)}
+    if trainer.accelerator.is_main_process:
+        (Path(config.output_dir) / "grpo_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse_recipe_args(GRPORecipeConfig, argv)
+    print(json.dumps(train(config), default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

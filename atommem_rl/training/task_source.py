@@ -1,0 +1,58 @@
+"""Where a training stage gets its tasks, and how they become TRL dataset rows.
+
+A recipe names a tasks JSONL (``atommem data synth|prepare``) or asks for synthetic tasks made on
+the fly with a seed; ``env_config`` holds the environment's keyword arguments (``envs.core.EnvConfig``
+fields, e.g. ``chunk_tokens``). Shared by the SFT, GRPO and PPO configs as a dataclass mixin.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..tasks.schema import Task, load_tasks
+from ..tasks.synth import generate_tasks
+
+
+@dataclass
+class TaskSource:
+    tasks: str | None = field(default=None, metadata={"help": "Tasks JSONL; when unset, synthetic tasks are made."})
+    synth_tasks: int = field(default=8, metadata={"help": "Synthetic tasks to generate when tasks is unset."})
+    synth_kind: str = field(default="documents", metadata={"help": "documents or dialogue."})
+    synth_docs: int = field(default=6, metadata={"help": "Documents (or sessions) per synthetic task."})
+    synth_questions: int = field(default=2, metadata={"help": "Questions per synthetic task (1-10)."})
+    synth_confounders: int = field(default=2, metadata={"help": "Confounders per question."})
+    synth_seed: int = field(default=0, metadata={"help": "Seed of the synthetic tasks."})
+    env_config: dict | str | None = field(
+        default=None, metadata={"help": "Environment keyword arguments (mapping or JSON), e.g. chunk_tokens."})
+
+    def __post_init__(self):
+        if isinstance(self.env_config, str):
+            try:
+                self.env_config = json.loads(self.env_config)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"env_config must be a mapping or JSON object: {exc}") from None
+        if self.env_config is not None and not isinstance(self.env_config, dict):
+            raise ValueError("env_config must be a mapping")
+        if self.synth_kind not in ("documents", "dialogue"):
+            raise ValueError(f"synth_kind must be documents or dialogue, got {self.synth_kind!r}")
+        if self.synth_tasks < 1:
+            raise ValueError("synth_tasks must be >= 1")
+
+
+def load_train_tasks(source: TaskSource) -> list[Task]:
+    if source.tasks:
+        return load_tasks(source.tasks)
+    return generate_tasks(source.synth_tasks, seed=source.synth_seed, kind=source.synth_kind,
+                          docs=source.synth_docs, questions=source.synth_questions,
+                          confounders=source.synth_confounders)
+
+
+def task_rows(tasks: list[Task]):
+    """A ``datasets.Dataset`` with TRL's required ``prompt`` column (a placeholder: the environment
+    writes every real prompt) and the task itself as JSON."""
+    from datasets import Dataset
+
+    return Dataset.from_list([
+        {"prompt": [{"role": "user", "content": t.id}], "task": json.dumps(t.to_dict())} for t in tasks
+    ])
