@@ -263,3 +263,21 @@ def test_sigkill_and_resume_matches_uninterrupted(tiny, demos, tmp_path):
     state = lambda d: json.loads((d / "checkpoint-6" / "trainer_state.json").read_text())  # noqa: E731
     losses = lambda d: [(h["step"], round(h["loss"], 5)) for h in state(d)["log_history"] if "loss" in h]  # noqa: E731
     assert losses(full) == losses(part) and state(part)["global_step"] == 6
+
+
+@pytest.mark.slow
+def test_two_cpu_processes_with_generated_demonstrations(tiny, tmp_path):
+    """accelerate launch, 2 gloo processes: rank 0 generates oracle demonstrations, both train on them."""
+    out = tmp_path / "ddp" / "sft"
+    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--config_file",
+           str(REPO / "recipes/accelerate/cpu_2proc.yaml"), "-m", "atommem_rl.cli", "sft",
+           "--config", str(REPO / "recipes/quickstart/sft.yaml"), "--model_name_or_path", str(tiny),
+           "--output_dir", str(out), "--synth_tasks", "2", "--synth_docs", "3", "--synth_questions", "1",
+           "--max_steps", "2", "--save_steps", "2", "--per_device_train_batch_size", "1", "--report_to", "wandb"]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "WANDB_MODE": "offline"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((out / "sft_summary.json").read_text())
+    assert summary["global_step"] == 2 and summary["data"]["policy"] == "oracle"
+    assert (out / "checkpoint-2" / "model.safetensors").exists()
+    assert list((out.parent / "wandb").glob("offline-run-*")), "W&B offline run under the run folder"
