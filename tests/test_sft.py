@@ -215,6 +215,19 @@ def test_demonstrations_from_oracle_rollouts_render_the_env_prompt(tiny):
         assert stored == system_with_tools
 
 
+def test_rejection_sampling_by_reward(tiny):
+    """Episodes below demo_min_reward are dropped: a random demonstrator keeps nothing, the oracle all."""
+    from atommem_rl.tasks.synth import generate_tasks
+    from atommem_rl.training.demonstrations import generate
+
+    tasks = generate_tasks(2, seed=5, docs=2, questions=1, confounders=0)
+    env = {"tokenizer": str(tiny), "chunk_tokens": 256, "embedder": "hashing"}
+    rows, stats = generate(tasks, "random", env_config=env, samples=2, min_reward=1.0)
+    assert rows == [] and stats["kept"] == 0 and stats["episodes"] == 4
+    rows, stats = generate(tasks, "oracle", env_config=env, samples=3, min_reward=1.0)
+    assert stats["kept"] == 2 and stats["episodes"] == 2 and rows  # the first try passes: no resampling
+
+
 def test_missing_or_corrupt_checkpoint_names_the_path(tmp_path):
     from atommem_rl.models import CheckpointError, load_policy
 
