@@ -294,3 +294,23 @@ def test_two_cpu_processes_with_generated_demonstrations(tiny, tmp_path):
     assert summary["global_step"] == 2 and summary["data"]["policy"] == "oracle"
     assert (out / "checkpoint-2" / "model.safetensors").exists()
     assert list((out.parent / "wandb").glob("offline-run-*")), "W&B offline run under the run folder"
+
+
+@pytest.mark.slow
+def test_prepare_base_model_gives_a_trainable_checkpoint(tmp_path):
+    """The packaged GGUF becomes a plain fp32 checkpoint with the Qwen3 template; a second call is a no-op."""
+    from trl import SFTTrainer
+
+    from atommem_rl.models import load_policy, prepare_base_model
+    from atommem_rl.training.demonstrations import to_dataset
+
+    out = prepare_base_model(tmp_path / "base")
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    stamp = (out / "model.safetensors").stat().st_mtime
+    assert prepare_base_model(out) == out and (out / "model.safetensors").stat().st_mtime == stamp
+    model, tok = load_policy(out)
+    assert model.config.model_type == "llama" and not getattr(model, "is_quantized", False)
+    assert "<tool_call>" in tok.chat_template
+    config = make_config(out, tmp_path / "unused.jsonl", tmp_path / "sft", "--max_steps", "1")
+    trainer = SFTTrainer(model=model, args=config, train_dataset=to_dataset(demo_rows()), processing_class=tok)
+    assert len(trainer.train_dataset) == 6  # accepted: not refused as a quantized model

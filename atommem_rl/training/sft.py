@@ -122,11 +122,21 @@ def _resolve(path: str | None) -> str | None:
     return str(REPO / path)
 
 
+def _wandb_logged_in() -> bool:
+    """`wandb login` stores the key in ~/.netrc."""
+    import netrc
+
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 def setup_wandb(config: SFTRecipeConfig) -> None:
     """W&B offline unless the user configured it; files under the run's folder."""
     if "wandb" not in (config.report_to or []):
         return
-    if "WANDB_MODE" not in os.environ and "WANDB_API_KEY" not in os.environ:
+    if "WANDB_MODE" not in os.environ and "WANDB_API_KEY" not in os.environ and not _wandb_logged_in():
         os.environ["WANDB_MODE"] = "offline"
     os.environ.setdefault("WANDB_PROJECT", "atommem-rl")
     os.environ.setdefault("WANDB_DIR", str(Path(config.output_dir).parent))
