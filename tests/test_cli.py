@@ -30,7 +30,7 @@ def test_bench_memory_json_contract():
     out = atommem("bench", "memory", "--sizes", "120", "--repeats", "30", "--rwr-sizes", "400", "--json")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert set(result["ops"]) == {"create", "read", "update", "delete", "relate"}
+    assert set(result["ops"]) == {"create", "read", "read_filtered", "update", "delete", "relate"}
     for fig in result["ops"].values():
         assert fig["atoms"] == 120 and fig["ours_ms"] > 0 and fig["chroma_ms"] > 0
         assert fig["ratio"] == pytest.approx(fig["ours_ms"] / fig["chroma_ms"], rel=1e-2)

@@ -9,7 +9,9 @@ call and the raw call alternating in one loop so that machine noise hits both al
 and their ratio are reported. The raw call is exactly what the store op sends to Chroma:
 
     create  collection.add(1 id, document, embedding, metadata)
-    read    collection.query(1 embedding, k=6, where=role filter)
+    read    collection.query(1 embedding, k=6): unfiltered, since no atom is hidden yet (the store
+            over-fetches k + hidden neighbours instead of a ``where`` scan when few are hidden)
+    read_filtered  collection.query(1 embedding, k=6, where=role and participant filter)
     update  collection.update(1 id, document, embedding, metadata)
     delete  collection.update(1 id, metadata)            (delete = role -> deleted, kept for the log)
     relate  collection.update(2 ids, metadatas)           (the two atoms' labels and roles)
@@ -21,6 +23,7 @@ the mirror and (for read) building fused views.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -93,6 +96,7 @@ def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict
     # raw calls send the metadata the store op sends (same fields, same sizes), precomputed
     fresh_meta = [to_chroma_metadata(a) for a in _as_atoms(store, fresh)]
     stored_meta = [to_chroma_metadata(a) for a in atoms]
+    deleted_meta = [to_chroma_metadata(dataclasses.replace(a, role=Role.DELETED)) for a in atoms]
     meta = fresh_meta.__getitem__
 
     # create: a new atom each round on both sides
@@ -104,8 +108,16 @@ def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict
     )
     out["read"] = _paired(
         lambda i: store.read(queries[i], k=6),
-        lambda i: raw.query(query_embeddings=query_vecs[i : i + 1], n_results=6, where=where),
+        lambda i: raw.query(query_embeddings=query_vecs[i : i + 1], n_results=6, include=["distances"]),
         repeats,
+    )
+    who = [_PEOPLE[i % len(_PEOPLE)] for i in range(repeats)]
+    out["read_filtered"] = _paired(
+        lambda i: store.read(queries[i], k=6, participants=[who[i]]),
+        lambda i: raw.query(query_embeddings=query_vecs[i : i + 1], n_results=6,
+                            where={"$and": [where, {RESERVED_PREFIX + "participants": {"$contains": who[i]}}]},
+                            include=["distances"]),
+        max(10, repeats // 10),  # a metadata scan per call: slow at 100k atoms, fewer repeats
     )
     ids = [a.id for a in atoms]
     upd = repeats  # offset into the fresh texts
@@ -124,7 +136,7 @@ def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict
     dbase = base + 2 * repeats
     out["delete"] = _paired(
         lambda i: store.delete(ids[dbase + i]),
-        lambda i: raw.update(ids=[ids[dbase + i]], metadatas=[stored_meta[dbase + i]]),
+        lambda i: raw.update(ids=[ids[dbase + i]], metadatas=[deleted_meta[dbase + i]]),
         repeats,
     )
     for op in out.values():
