@@ -2,10 +2,13 @@
 # The test command (README, CI): install what is missing, start what the tests need, run pytest.
 #   bash scripts/test.sh                 # the whole suite, slow tests included (what CI runs)
 #   bash scripts/test.sh -m "not slow"   # the lean default for development; extra args go to pytest
-# pytest's exit code 5 ("no tests ran") is turned into a failure.
+# As root it also installs Debian's chromium and starts a single-node Slurm cluster
+# (scripts/system_deps.sh); with ATOMMEM_STRICT=1 (set by CI) a test whose real component is
+# missing fails instead of skipping. pytest's exit code 5 ("no tests ran") is turned into a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
+bash scripts/system_deps.sh || exit 1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ANONYMIZED_TELEMETRY=False WANDB_MODE=offline
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -109,3 +109,13 @@ def store(namespace):
         s.drop()
     except Exception:
         pass
+
+
+def require(available: bool, why: str) -> None:
+    """Skip a test whose real component (a browser, a Slurm cluster) is missing, except under
+    ATOMMEM_STRICT=1 (CI), where a missing component is a failure: CI must exercise every one."""
+    if available:
+        return
+    if os.environ.get("ATOMMEM_STRICT") == "1":
+        pytest.fail(f"required component missing under ATOMMEM_STRICT=1: {why}")
+    pytest.skip(why)
