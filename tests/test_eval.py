@@ -117,7 +117,7 @@ def test_full_context_truncation_is_reported(tmp_path):
                  settings=EvalSettings(context_tokens=400, viewer_tasks=0), log=lambda *_: None)
     r = m["results"]["full_context"]["synth"]
     assert 0.0 < r["context_truncated"] < 1.0
-    assert all(backend.count(p) < 400 for p in backend.prompts)
+    assert all(250 < backend.count(p) < 400 for p in backend.prompts), [backend.count(p) for p in backend.prompts]  # cut to fit, not emptied
     assert r["cut_prompts"] == 0
 
 

@@ -156,6 +156,10 @@ def fit_items(backend: Backend, items: list[Item], question: str, budget: int) -
     for it in items:
         n = backend.count(it.text) + 1
         if used + n > budget:
+            room = budget - used - 8
+            if room > 32:  # keep the head of the item that does not fit (counted as dropped)
+                kept.append(Item(backend.truncate(it.text, room), it.sources))
+                return kept, len(items) - len(kept) + 1
             break
         kept.append(it)
         used += n
@@ -233,7 +237,9 @@ def run_full_context(ep, backend, s, key, embedder):
     lines = unit_lines(ep.task)
     budget = reader_budget(backend, s)
     longest_q = max(ep.task.questions, key=lambda q: len(q.question)).question
-    room = budget - backend.count(backend.render(reader_messages("", longest_q)))
+    marker = "[... middle of the input cut to fit the context window ...]"
+    # the marker line and a margin for tokens merging differently across joined lines
+    room = budget - backend.count(backend.render(reader_messages("", longest_q))) - backend.count(marker) - 16
     costs = [backend.count(l) + 1 for _, l, _ in lines]
     total = sum(costs)
     keep = list(range(len(lines)))
@@ -256,7 +262,7 @@ def run_full_context(ep, backend, s, key, embedder):
     text_lines, sources = [], []
     for k in keep:
         if k == -1:
-            text_lines.append("[... middle of the input cut to fit the context window ...]")
+            text_lines.append(marker)
             continue
         uid, line, _ = lines[k]
         text_lines.append(line)
