@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "quickstart": "quickstart",
     "grpo": "grpo",
+    "ppo": "ppo",
     "bench": "bench",
     "sft": "sft",
     "data": "data",

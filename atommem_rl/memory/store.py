@@ -133,7 +133,7 @@ class AtomStore:
         self._incoming: dict[str, set[str]] = {}  # old id -> ids of atoms that labelled it
         self._role_counts: dict[Role, int] = {role: 0 for role in Role}
         self.clock = 0  # logical time: one tick per acknowledged write
-        self.version = 0  # bumps on every change; derived indexes (BM25, graph) rebuild lazily on it
+        self.version = 0  # bumps on every write; derived indexes (BM25, graph) rebuild lazily on it
         self.log: list[dict[str, Any]] = []
         self._load()
 
@@ -188,7 +188,8 @@ class AtomStore:
         )
 
     def _touch(self, op: str, **details) -> None:
-        self.version += 1
+        if op != "read":  # reads change nothing that derived indexes depend on
+            self.version += 1
         self.log.append({"op": op, "clock": self.clock, **details})
 
     # ------------------------------------------------------------------ validation

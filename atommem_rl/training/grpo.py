@@ -163,9 +163,16 @@ def group_advantages(returns: torch.Tensor, group_size: int, scale: str = "none"
     return adv
 
 
-def step_samples(episodes: list[list[tuple]], advantages: list[float]) -> list[tuple]:
-    """Broadcast each episode's advantage to every one of its steps: (prompt, completion, logps, A)."""
-    return [(p, c, lp, a) for steps, a in zip(episodes, advantages, strict=True) for (p, c, lp) in steps]
+def step_samples(episodes: list[list[tuple]], advantages: list[float | list[float]]) -> list[tuple]:
+    """(prompt, completion, logps, A) for every step. An episode's advantage is either one number,
+    broadcast to all its steps (GRPO), or one number per step (PPO's GAE)."""
+    out = []
+    for steps, adv in zip(episodes, advantages, strict=True):
+        per_step = adv if isinstance(adv, list) else [adv] * len(steps)
+        if len(per_step) != len(steps):
+            raise ValueError(f"{len(per_step)} advantages for an episode of {len(steps)} steps")
+        out.extend((p, c, lp, a) for (p, c, lp), a in zip(steps, per_step))
+    return out
 
 
 class StepwiseGRPOTrainer(GRPOTrainer):
@@ -201,11 +208,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
 
         returns = torch.tensor([float(r.get("return", 0.0)) for r in recs], dtype=torch.float32, device=device)
         all_returns = self.accelerator.gather(returns)
-        all_adv = group_advantages(all_returns, group, self.scale_rewards)
-        i0 = self.accelerator.process_index * len(inputs)
-        advantages = all_adv[i0 : i0 + len(inputs)].tolist()
-
-        samples = step_samples(episodes, advantages)
+        samples = step_samples(episodes, self._advantages(recs, episodes, all_returns, group))
         n_real = len(samples)
         # TRL cuts the batch into steps_per_generation equal slices and drops a remainder: pad with
         # copies of real samples whose completion mask is zero (no loss, no tokens counted)
@@ -259,6 +262,14 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                 self._logs["rewards"][name].extend(gather_object([float(s[3]) for s in samples[:n_real]]))
             self._logs["advantages"].extend(gather_object([float(s[3]) for s in samples[:n_real]]))
         return output
+
+    def _advantages(self, recs: list[dict], episodes: list[list[tuple]], all_returns: torch.Tensor,
+                    group: int) -> list[float | list[float]]:
+        """One advantage per local episode: group-relative over all processes' returns (GRPO).
+        PPO overrides this with per-step GAE from a critic."""
+        all_adv = group_advantages(all_returns, group, self.scale_rewards)
+        i0 = self.accelerator.process_index * len(recs)
+        return all_adv[i0 : i0 + len(recs)].tolist()
 
     def _log_episodes(self, mode: str, recs: list[dict], all_returns: torch.Tensor, n_samples: int,
                       completion_mask: torch.Tensor) -> None:
