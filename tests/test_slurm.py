@@ -95,19 +95,18 @@ def _slurm_up() -> bool:
     return out.returncode == 0 and bool(re.search(r"idle|mixed|alloc", out.stdout))
 
 
-@pytest.mark.slurm
-def test_sft_smoke_job_on_real_slurm(tmp_path):
+def submit_smoke(script: str, recipe: str, out_dir: Path, timeout: float = 1200) -> tuple[str, Path]:
+    """Submit ``slurm/<script>`` in CPU smoke mode, wait for it; (job id, its log under the run folder)."""
     if not _slurm_up():
         pytest.skip("no running Slurm cluster (start one with: sudo bash scripts/start_slurm.sh)")
-    out_dir = tmp_path / "slurm-run" / "sft"
     sub = subprocess.run(
         ["sbatch", "--parsable", "--gpus-per-node=0", f"--chdir={REPO}",
          f"--export=ALL,ATOMMEM_SMOKE=1,ATOMMEM_REPO={REPO}",
-         str(REPO / "slurm" / "sft.sbatch"), "recipes/quickstart/sft.yaml", "--output_dir", str(out_dir)],
+         str(REPO / "slurm" / script), recipe, "--output_dir", str(out_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert sub.returncode == 0, sub.stderr
     job = sub.stdout.strip().split(";")[0]
-    deadline = time.time() + 900
+    deadline = time.time() + timeout
     state = ""
     while time.time() < deadline:
         info = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
@@ -117,10 +116,27 @@ def test_sft_smoke_job_on_real_slurm(tmp_path):
         time.sleep(3)
     else:
         subprocess.run(["scancel", job])
-        pytest.fail(f"job {job} did not finish within 900 s (state {state})")
-    log = out_dir.parent / "logs" / f"sft-{job}.log"
-    assert log.exists(), f"no log under the run folder; slurm output: checkpoints/slurm-atommem-sft-{job}.out"
+        pytest.fail(f"job {job} did not finish within {timeout} s (state {state})")
+    phase = script.split(".")[0]
+    log = out_dir.parent / "logs" / f"{phase}-{job}.log"
+    assert log.exists(), f"no log under the run folder; slurm output: checkpoints/slurm-atommem-{phase}-{job}.out"
     assert state == "COMPLETED", log.read_text()[-3000:]
+    return job, log
+
+
+@pytest.mark.slurm
+def test_sft_smoke_job_on_real_slurm(tmp_path):
+    out_dir = tmp_path / "slurm-run" / "sft"
+    _, log = submit_smoke("sft.sbatch", "recipes/quickstart/sft.yaml", out_dir)
     ckpts = sorted(out_dir.glob("checkpoint-*"))
     assert ckpts and (ckpts[-1] / "model.safetensors").exists() and (ckpts[-1] / "trainer_state.json").exists()
     assert (out_dir / "config.json").exists() and '"global_step": 2' in log.read_text()
+
+
+@pytest.mark.slurm
+def test_grpo_smoke_job_on_real_slurm(tmp_path):
+    """slurm/grpo.sbatch in CPU smoke mode: 2 gloo processes under accelerate, a checkpoint written."""
+    out_dir = tmp_path / "slurm-run" / "grpo"
+    submit_smoke("grpo.sbatch", "recipes/quickstart/grpo.yaml", out_dir)
+    ckpts = sorted(out_dir.glob("checkpoint-*"))
+    assert ckpts and (ckpts[-1] / "model.safetensors").exists() and (ckpts[-1] / "trainer_state.json").exists()
