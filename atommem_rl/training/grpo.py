@@ -302,7 +302,8 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             m[f"ops/{op}_per_step"].append(agg[f"op_{op}"] / steps)
 
 
-def build_trainer(config: GRPORecipeConfig) -> StepwiseGRPOTrainer:
+def build_trainer(config: GRPORecipeConfig, trainer_cls: type = StepwiseGRPOTrainer, **extra) -> StepwiseGRPOTrainer:
+    """The policy (optionally LoRA), the tasks as TRL rows, and the step-wise trainer."""
     from ..models import load_policy
 
     tasks = load_train_tasks(config)
@@ -312,15 +313,16 @@ def build_trainer(config: GRPORecipeConfig) -> StepwiseGRPOTrainer:
         from trl import get_peft_config
 
         peft_config = get_peft_config(config)
-    return StepwiseGRPOTrainer(
+    return trainer_cls(
         model=model, reward_funcs=[episode_return], args=config, train_dataset=task_rows(tasks),
         processing_class=tokenizer, peft_config=peft_config, env_config=config.env_config,
-        rollout_batch_size=config.rollout_batch_size,
+        rollout_batch_size=config.rollout_batch_size, **extra,
     )
 
 
-def train(config: GRPORecipeConfig) -> dict:
-    """Run GRPO; returns the summary also written to ``<output_dir>/grpo_summary.json``."""
+def train(config: GRPORecipeConfig, build=build_trainer, phase: str = "grpo", on_trained=None) -> dict:
+    """Run the stage; a rerun of the same command resumes from the last checkpoint when
+    ``resume_from_checkpoint`` is true. Returns the summary also written to <output_dir>/<phase>_summary.json."""
     from transformers.trainer_utils import get_last_checkpoint
 
     from .sft import _resume_arg, setup_wandb
@@ -328,17 +330,19 @@ def train(config: GRPORecipeConfig) -> dict:
     t0 = time.perf_counter()
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
     setup_wandb(config)
-    trainer = build_trainer(config)
+    trainer = build(config)
     resume = _resume_arg(config.resume_from_checkpoint)
     if resume is True and get_last_checkpoint(config.output_dir) is None:
-        resume = None  # nothing to resume yet: start fresh (a rerun of the same command resumes)
+        resume = None  # nothing to resume yet: start fresh
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(config.output_dir)
+    if on_trained is not None:
+        on_trained(trainer)
     summary = {"output_dir": config.output_dir, "run_name": config.run_name, "global_step": trainer.state.global_step,
                "train_loss": result.training_loss, "resumed_from": resume if resume is not True else "last",
                "seconds": round(time.perf_counter() - t0, 1)}
     if trainer.accelerator.is_main_process:
-        (Path(config.output_dir) / "grpo_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        (Path(config.output_dir) / f"{phase}_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
 
 

@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .grpo import GRPORecipeConfig, StepwiseGRPOTrainer, episode_return
+from . import grpo
+from .grpo import GRPORecipeConfig, StepwiseGRPOTrainer
 from .recipes import parse_recipe_args
-from .task_source import load_train_tasks, task_rows
 
 
 @dataclass
@@ -159,44 +158,17 @@ def build_critic(config: PPORecipeConfig):
 
 
 def build_trainer(config: PPORecipeConfig) -> StepwisePPOTrainer:
-    from ..models import load_policy
+    return grpo.build_trainer(config, StepwisePPOTrainer, critic=build_critic(config), critic_config=config)
 
-    tasks = load_train_tasks(config)
-    model, tokenizer = load_policy(config.model_name_or_path, trainable=True)
-    peft_config = None
-    if config.use_peft:
-        from trl import get_peft_config
 
-        peft_config = get_peft_config(config)
-    return StepwisePPOTrainer(
-        model=model, reward_funcs=[episode_return], args=config, train_dataset=task_rows(tasks),
-        processing_class=tokenizer, peft_config=peft_config, env_config=config.env_config,
-        rollout_batch_size=config.rollout_batch_size, critic=build_critic(config), critic_config=config,
-    )
+def save_critic(trainer: StepwisePPOTrainer) -> None:
+    if trainer.accelerator.is_main_process:
+        trainer.accelerator.unwrap_model(trainer.critic).save_pretrained(Path(trainer.args.output_dir) / "critic")
 
 
 def train(config: PPORecipeConfig) -> dict:
     """Run PPO; the critic is saved next to the policy under <output_dir>/critic."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from .sft import _resume_arg, setup_wandb
-
-    t0 = time.perf_counter()
-    Path(config.output_dir).mkdir(parents=True, exist_ok=True)
-    setup_wandb(config)
-    trainer = build_trainer(config)
-    resume = _resume_arg(config.resume_from_checkpoint)
-    if resume is True and get_last_checkpoint(config.output_dir) is None:
-        resume = None
-    result = trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(config.output_dir)
-    if trainer.accelerator.is_main_process:
-        trainer.accelerator.unwrap_model(trainer.critic).save_pretrained(Path(config.output_dir) / "critic")
-    summary = {"output_dir": config.output_dir, "run_name": config.run_name, "global_step": trainer.state.global_step,
-               "train_loss": result.training_loss, "seconds": round(time.perf_counter() - t0, 1)}
-    if trainer.accelerator.is_main_process:
-        (Path(config.output_dir) / "ppo_summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return summary
+    return grpo.train(config, build=build_trainer, phase="ppo", on_trained=save_critic)
 
 
 def main(argv: list[str] | None = None) -> int:
