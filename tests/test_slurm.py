@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, require
 
 
 def dry_run(script: str, *args: str, **env: str) -> list[list[str]]:
@@ -97,8 +97,7 @@ def _slurm_up() -> bool:
 
 def submit_smoke(script: str, recipe: str, out_dir: Path, timeout: float = 1200) -> tuple[str, Path]:
     """Submit ``slurm/<script>`` in CPU smoke mode, wait for it; (job id, its log under the run folder)."""
-    if not _slurm_up():
-        pytest.skip("no running Slurm cluster (start one with: sudo bash scripts/start_slurm.sh)")
+    require(_slurm_up(), "no running Slurm cluster (start one with: sudo bash scripts/start_slurm.sh)")
     sub = subprocess.run(
         ["sbatch", "--parsable", "--gpus-per-node=0", f"--chdir={REPO}",
          f"--export=ALL,ATOMMEM_SMOKE=1,ATOMMEM_REPO={REPO}",

@@ -16,8 +16,14 @@ from atommem_rl.eval.methods import EvalSettings
 from atommem_rl.eval.viewer import write_viewer
 from atommem_rl.tasks.synth import generate_tasks
 
+from .conftest import require
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install -y chromium)")
+
+
+@pytest.fixture(autouse=True)
+def _needs_chromium():
+    require(CHROMIUM is not None, "needs Debian's chromium (apt-get install -y chromium)")
 
 
 def dump_dom(page: Path, fragment: str, tmp: Path) -> str:

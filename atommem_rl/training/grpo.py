@@ -50,7 +50,7 @@ from ..policies.base import Policy
 from ..rollout import run_rollouts
 from ..tasks.schema import Task
 from .recipes import CHECKPOINTS, parse_recipe_args
-from .task_source import TaskSource, load_train_tasks, task_rows
+from .task_source import TaskSource, load_train_tasks, resolve_path, task_rows
 
 
 def episode_return(completions=None, **kwargs) -> list[float]:
@@ -307,7 +307,7 @@ def build_trainer(config: GRPORecipeConfig, trainer_cls: type = StepwiseGRPOTrai
     from ..models import load_policy
 
     tasks = load_train_tasks(config)
-    model, tokenizer = load_policy(config.model_name_or_path, trainable=True)
+    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), trainable=True)
     peft_config = None
     if config.use_peft:
         from trl import get_peft_config

@@ -39,14 +39,15 @@ from pathlib import Path
 from trl import ModelConfig, SFTConfig
 
 from .recipes import CHECKPOINTS, parse_recipe_args
+from .task_source import TaskSource, load_train_tasks, resolve_path
 
-REPO = Path(__file__).resolve().parents[2]
 DEMO_POLICIES = ("oracle", "model")
 
 
 @dataclass
-class SFTRecipeConfig(SFTConfig, ModelConfig):
-    """TRL's ``SFTConfig`` (training) and ``ModelConfig`` (model, LoRA) plus where demonstrations come from.
+class SFTRecipeConfig(SFTConfig, ModelConfig, TaskSource):
+    """TRL's ``SFTConfig`` (training) and ``ModelConfig`` (model, LoRA) plus where demonstrations come
+    from (a file, or rollouts on the tasks of ``TaskSource``).
 
     Defaults changed from TRL: ``assistant_only_loss=True``, ``report_to="wandb"`` (offline by
     default), ``model_name_or_path`` = the quickstart base model, ``output_dir`` derived from ``run_name``.
@@ -74,15 +75,6 @@ class SFTRecipeConfig(SFTConfig, ModelConfig):
     demo_samples: int = field(default=1, metadata={"help": "Episodes tried per task (rejection sampling)."})
     demo_min_reward: float | None = field(
         default=None, metadata={"help": "Keep an episode only if its terminal score reaches this (None: keep all)."})
-    tasks: str | None = field(default=None, metadata={"help": "Tasks JSONL; when unset, synthetic tasks are made."})
-    synth_tasks: int = field(default=8, metadata={"help": "Synthetic tasks to generate when tasks is unset."})
-    synth_kind: str = field(default="documents", metadata={"help": "documents or dialogue."})
-    synth_docs: int = field(default=6, metadata={"help": "Documents (or sessions) per synthetic task."})
-    synth_questions: str = field(default="2", metadata={"help": "Questions per synthetic task: N or LO-HI (1-10)."})
-    synth_confounders: int = field(default=2, metadata={"help": "Confounders per question."})
-    synth_seed: int = field(default=0, metadata={"help": "Seed of the synthetic tasks."})
-    env_config: dict | str | None = field(
-        default=None, metadata={"help": "Environment keyword arguments (mapping or JSON), e.g. chunk_tokens."})
     rollout_batch_size: int = field(default=8, metadata={"help": "Episodes run at once when generating."})
 
     def __post_init__(self):
@@ -90,36 +82,22 @@ class SFTRecipeConfig(SFTConfig, ModelConfig):
             self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "sft")
         if self.run_name is None:
             self.run_name = Path(self.output_dir).parent.name
-        for name in ("demo_policy_kwargs", "env_config"):
-            value = getattr(self, name)
-            if isinstance(value, str):
-                try:
-                    setattr(self, name, json.loads(value))
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{name} must be a mapping or JSON object: {exc}") from None
+        if isinstance(self.demo_policy_kwargs, str):
+            try:
+                self.demo_policy_kwargs = json.loads(self.demo_policy_kwargs)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"demo_policy_kwargs must be a mapping or JSON object: {exc}") from None
+        TaskSource.__post_init__(self)
         if self.demo_policy not in DEMO_POLICIES:
             raise ValueError(f"demo_policy must be one of {DEMO_POLICIES}, got {self.demo_policy!r}")
         if self.demo_samples < 1:
             raise ValueError("demo_samples must be >= 1")
-        if self.synth_kind not in ("documents", "dialogue"):
-            raise ValueError(f"synth_kind must be documents or dialogue, got {self.synth_kind!r}")
-        try:
-            lo, _, hi = str(self.synth_questions).partition("-")
-            questions = (int(lo), int(hi)) if hi else int(lo)
-        except ValueError:
-            raise ValueError(f"synth_questions must be N or LO-HI, got {self.synth_questions!r}") from None
-        self.synth_question_range = questions
         if self.merge_lora and not self.use_peft:
             raise ValueError("merge_lora needs use_peft: true")
         ModelConfig.__post_init__(self)  # not reached through SFTConfig's chain
         super().__post_init__()
 
 
-def _resolve(path: str | None) -> str | None:
-    """Relative paths are taken from the working directory, else from the repository root."""
-    if path is None or Path(path).is_absolute() or Path(path).exists() or not (REPO / path).exists():
-        return path
-    return str(REPO / path)
 
 
 def _wandb_logged_in() -> bool:
@@ -151,21 +129,13 @@ def demonstration_rows(config: SFTRecipeConfig, reuse: bool = False) -> tuple[li
     from . import demonstrations as demos
 
     if config.demonstrations:
-        path = _resolve(config.demonstrations)
+        path = resolve_path(config.demonstrations)
         return demos.read_rows(path), {"source": str(path)}
     saved = Path(config.output_dir) / "demonstrations.jsonl"
     if reuse and saved.exists():
         return demos.read_rows(saved), {"source": str(saved), "reused": True}
-    from atommem_rl.tasks.schema import load_tasks
-    from atommem_rl.tasks.synth import generate_tasks
-
-    if config.tasks:
-        tasks = load_tasks(_resolve(config.tasks))
-    else:
-        tasks = generate_tasks(config.synth_tasks, seed=config.synth_seed, kind=config.synth_kind,
-                               docs=config.synth_docs, questions=config.synth_question_range,
-                               confounders=config.synth_confounders)
-    env_config = {"tokenizer": _resolve(config.model_name_or_path), **(config.env_config or {})}
+    tasks = load_train_tasks(config)
+    env_config = {"tokenizer": resolve_path(config.model_name_or_path), **(config.env_config or {})}
     rows, stats = demos.generate(tasks, config.demo_policy, config.demo_policy_kwargs, env_config,
                                  samples=config.demo_samples, min_reward=config.demo_min_reward,
                                  seed=config.seed, batch_size=config.rollout_batch_size)
@@ -186,7 +156,7 @@ def build_trainer(config: SFTRecipeConfig, rows: list[dict] | None = None):
 
     if rows is None:
         rows, _ = demonstration_rows(config)
-    model, tokenizer = load_policy(_resolve(config.model_name_or_path), dtype=config.dtype)
+    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), dtype=config.dtype)
     trainer = SFTTrainer(model=model, args=config, train_dataset=to_dataset(rows), processing_class=tokenizer,
                          peft_config=get_peft_config(config))
     # SFTTrainer silently drops examples whose assistant tokens all fall beyond max_length.

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..tasks.schema import Task, load_tasks
 from ..tasks.synth import generate_tasks
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -20,7 +23,7 @@ class TaskSource:
     synth_tasks: int = field(default=8, metadata={"help": "Synthetic tasks to generate when tasks is unset."})
     synth_kind: str = field(default="documents", metadata={"help": "documents or dialogue."})
     synth_docs: int = field(default=6, metadata={"help": "Documents (or sessions) per synthetic task."})
-    synth_questions: int = field(default=2, metadata={"help": "Questions per synthetic task (1-10)."})
+    synth_questions: str = field(default="2", metadata={"help": "Questions per synthetic task: N or LO-HI (1-10)."})
     synth_confounders: int = field(default=2, metadata={"help": "Confounders per question."})
     synth_seed: int = field(default=0, metadata={"help": "Seed of the synthetic tasks."})
     env_config: dict | str | None = field(
@@ -38,13 +41,25 @@ class TaskSource:
             raise ValueError(f"synth_kind must be documents or dialogue, got {self.synth_kind!r}")
         if self.synth_tasks < 1:
             raise ValueError("synth_tasks must be >= 1")
+        try:
+            lo, _, hi = str(self.synth_questions).partition("-")
+            self.synth_question_range = (int(lo), int(hi)) if hi else int(lo)
+        except ValueError:
+            raise ValueError(f"synth_questions must be N or LO-HI, got {self.synth_questions!r}") from None
+
+
+def resolve_path(path: str | None) -> str | None:
+    """Relative paths are taken from the working directory, else from the repository root."""
+    if path is None or Path(path).is_absolute() or Path(path).exists() or not (REPO / path).exists():
+        return path
+    return str(REPO / path)
 
 
 def load_train_tasks(source: TaskSource) -> list[Task]:
     if source.tasks:
-        return load_tasks(source.tasks)
+        return load_tasks(resolve_path(source.tasks))
     return generate_tasks(source.synth_tasks, seed=source.synth_seed, kind=source.synth_kind,
-                          docs=source.synth_docs, questions=source.synth_questions,
+                          docs=source.synth_docs, questions=source.synth_question_range,
                           confounders=source.synth_confounders)
 
 
