@@ -46,6 +46,8 @@ def evidence_of(store: "AtomStore", atom: Atom) -> list[tuple[Atom, Relation]]:
 
 def fused_view(store: "AtomStore", atom: Atom) -> tuple[str, list[str]]:
     """(view text, ids of all evidence folded or reachable) for a live atom."""
+    if not atom.history and not atom.relations and not store._incoming.get(atom.id):
+        return atom.text, []  # the common case on the read path: nothing to fold
     changes: list[str] = []
     for h in reversed(atom.history):
         changes.append(h.text + (f" (until {h.replaced_on})" if h.replaced_on else ""))
