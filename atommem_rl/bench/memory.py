@@ -32,7 +32,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..memory.atom import RESERVED_PREFIX, Atom, Role, to_chroma_metadata
+from ..memory.atom import RESERVED_PREFIX, Atom, HistoryEntry, Relation, Role, to_chroma_metadata
 from ..memory.backends import make_client
 from ..memory.embeddings import HashingEmbedder
 from ..memory.store import COLLECTION_PREFIX, AtomDraft, AtomStore
@@ -93,11 +93,22 @@ def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict
     where = {RESERVED_PREFIX + "role": {"$in": [Role.PRIMARY.value]}}
     out: dict[str, dict] = {}
 
-    # raw calls send the metadata the store op sends (same fields, same sizes), precomputed
+    # The raw calls send exactly the metadata the store ops send (history and relation JSON
+    # included), precomputed, so both collections go through the same states: Chroma's write cost
+    # depends on what the collection holds (an earlier version of this benchmark sent the raw side
+    # slimmer metadata and measured a 5x "overhead" on delete that was a difference of state)
     fresh_meta = [to_chroma_metadata(a) for a in _as_atoms(store, fresh)]
-    stored_meta = [to_chroma_metadata(a) for a in atoms]
-    deleted_meta = [to_chroma_metadata(dataclasses.replace(a, role=Role.DELETED)) for a in atoms]
     meta = fresh_meta.__getitem__
+    base, upd = repeats, repeats
+    updated = {i: dataclasses.replace(atoms[i], text=fresh[upd + i].text, history=[HistoryEntry(atoms[i].text, 0)])
+               for i in range(repeats)}
+    update_meta = [to_chroma_metadata(updated[i]) for i in range(repeats)]
+    relate_meta = []
+    for i in range(repeats):
+        new, old = atoms[base + 2 * i], atoms[base + 2 * i + 1]
+        relate_meta.append([to_chroma_metadata(dataclasses.replace(new, relations={old.id: Relation.CONFLICT})),
+                            to_chroma_metadata(dataclasses.replace(old, role=Role.EVIDENCE))])
+    deleted_meta = [to_chroma_metadata(dataclasses.replace(a, role=Role.DELETED)) for a in atoms]
 
     # create: a new atom each round on both sides
     out["create"] = _paired(
@@ -120,17 +131,16 @@ def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict
         max(10, repeats // 10),  # a metadata scan per call: slow at 100k atoms, fewer repeats
     )
     ids = [a.id for a in atoms]
-    upd = repeats  # offset into the fresh texts
     out["update"] = _paired(
         lambda i: store.update(ids[i], fresh[upd + i].text),
         lambda i: raw.update(ids=[ids[i]], documents=[fresh[upd + i].text],
-                             embeddings=fresh_vecs[upd + i : upd + i + 1], metadatas=[meta(upd + i)]),
+                             embeddings=fresh_vecs[upd + i : upd + i + 1], metadatas=[update_meta[i]]),
         repeats,
     )
-    base = repeats  # relate pairs (ids[base + 2i], ids[base + 2i + 1]) untouched so far
+    # relate pairs (ids[base + 2i], ids[base + 2i + 1]) are untouched so far
     out["relate"] = _paired(
         lambda i: store.relate(ids[base + 2 * i], ids[base + 2 * i + 1], "conflict"),
-        lambda i: raw.update(ids=[ids[base + 2 * i], ids[base + 2 * i + 1]], metadatas=[stored_meta[base + 2 * i], stored_meta[base + 2 * i + 1]]),
+        lambda i: raw.update(ids=[ids[base + 2 * i], ids[base + 2 * i + 1]], metadatas=relate_meta[i]),
         repeats,
     )
     dbase = base + 2 * repeats
