@@ -159,6 +159,11 @@ def _clean_str(value: str) -> str:
         return value.encode("utf-8", "replace").decode("utf-8")
 
 
+def _hidden_note(total: int, shown: int) -> str:
+    """The visible mark for retrieved entries the prompt limit left out."""
+    return f"({total - shown} more retrieved entries not shown: prompt limit)" if shown < total else ""
+
+
 def _clip(value: Any, n: int = 60) -> str:
     s = value if isinstance(value, str) else repr(value)
     s = _clean_str(s).replace("\n", " ")
@@ -808,7 +813,7 @@ class MemoryEnv:
         kept: list[tuple[str, str]] = []
         for i, (h, t) in enumerate(mem_lines):
             trial = kept + [(h, t)]
-            note = f"({len(mem_lines) - len(trial)} more retrieved entries not shown: prompt limit)" if len(trial) < len(mem_lines) else ""
+            note = _hidden_note(len(mem_lines), len(trial))
             _, m = build(trial, note, sp, res)
             if m <= cap:
                 kept = trial
@@ -819,12 +824,12 @@ class MemoryEnv:
             if room > 12:
                 cut = self.tokens.truncate(t, room).rstrip() + " [...cut]"
                 trial = kept + [(h, cut)]
-                note = f"({len(mem_lines) - len(trial)} more retrieved entries not shown: prompt limit)" if len(trial) < len(mem_lines) else ""
+                note = _hidden_note(len(mem_lines), len(trial))
                 _, m = build(trial, note, sp, res)
                 if m <= cap:
                     kept = trial
             break
-        note = f"({len(mem_lines) - len(kept)} more retrieved entries not shown: prompt limit)" if len(kept) < len(mem_lines) else ""
+        note = _hidden_note(len(mem_lines), len(kept))
         msgs, n = build(kept, note, sp, res)
         while n > cap:  # defensive: tokenisation of joins; drop entries, then everything optional
             if kept:

@@ -84,17 +84,24 @@ def _top_m_per_row(m: sp.csr_matrix, top: int) -> sp.csr_matrix:
     return sp.csr_matrix((m.data[keep], (rows[keep], m.indices[keep])), shape=m.shape)
 
 
+def _incidence(labels: Sequence[Sequence[str]]) -> sp.csr_matrix | None:
+    """Binary atoms x labels matrix (keywords or event ids); None when no atom has a label."""
+    index: dict[str, int] = {}
+    rows, cols = [], []
+    for i, labs in enumerate(labels):
+        for lab in set(labs):
+            rows.append(i)
+            cols.append(index.setdefault(lab, len(index)))
+    if not index:
+        return None
+    return sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(len(labels), len(index)))
+
+
 def entity_adjacency(keywords: Sequence[Sequence[str]], cfg: GraphConfig) -> sp.csr_matrix:
     n = len(keywords)
-    vocab: dict[str, int] = {}
-    rows, cols = [], []
-    for i, kws in enumerate(keywords):
-        for t in set(kws):
-            rows.append(i)
-            cols.append(vocab.setdefault(t, len(vocab)))
-    if not vocab:
+    x = _incidence(keywords)
+    if x is None:
         return sp.csr_matrix((n, n), dtype=np.float32)
-    x = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(n, len(vocab)))
     df = np.asarray(x.sum(axis=0)).ravel()
     max_df = min(cfg.max_df_cap, max(2.0, cfg.max_df_ratio * n))
     idf = np.where((df >= 2) & (df <= max_df), np.log(n / np.maximum(df, 1)), 0.0).astype(np.float32)
@@ -116,15 +123,9 @@ def entity_adjacency(keywords: Sequence[Sequence[str]], cfg: GraphConfig) -> sp.
 
 def event_adjacency(event_ids: Sequence[Sequence[str]]) -> sp.csr_matrix:
     n = len(event_ids)
-    index: dict[str, int] = {}
-    rows, cols = [], []
-    for i, evs in enumerate(event_ids):
-        for e in set(evs):
-            rows.append(i)
-            cols.append(index.setdefault(e, len(index)))
-    if not index:
+    inc = _incidence(event_ids)
+    if inc is None:
         return sp.csr_matrix((n, n), dtype=np.float32)
-    inc = sp.csr_matrix((np.ones(len(rows), dtype=np.float32), (rows, cols)), shape=(n, len(index)))
     size = np.asarray(inc.sum(axis=0)).ravel()
     scale = np.where(size >= 2, 1.0 / np.maximum(size - 1, 1), 0.0).astype(np.float32)
     a = (inc @ sp.diags(scale) @ inc.T).tocsr()
