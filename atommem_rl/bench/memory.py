@@ -1,12 +1,15 @@
 """``atommem bench memory``: latency of each store operation next to the raw Chroma call it wraps,
 and Random Walk with Restart next to networkx personalised PageRank.
 
-Method. For each size N (default 1k, 10k, 100k atoms) two collections in one in-memory Chroma
-database are filled with the same N atoms (hashing embeddings, so the embedding model's cost is
-out of the figure): one through ``AtomStore.create_many``, one through ``collection.add`` with the
-same documents, embeddings and metadata. Then each operation is timed ``repeats`` times, the store
-call and the raw call alternating in one loop so that machine noise hits both alike, and the medians
-and their ratio are reported. The raw call is exactly what the store op sends to Chroma:
+Method. For each size N (default 1k, 10k, 100k atoms) and each operation, two collections in one
+in-memory Chroma database are filled with the same N atoms (hashing embeddings, so the embedding
+model's cost is out of the figure): one through ``AtomStore.create_many``, one through
+``collection.add`` with the same documents, embeddings and metadata. The operation is then timed
+``repeats`` times, the store call and the raw call alternating in one loop so that machine noise
+hits both alike, and the medians and their ratio are reported. A fresh pair per operation matters:
+Chroma's write latency depends on the collection's recent writes (it climbs with pending log
+records and drops after a compaction), so operations timed one after another on one pair were
+measuring each other's leftovers (a spurious 5x on delete in an earlier version). The raw call is exactly what the store op sends to Chroma:
 
     create  collection.add(1 id, document, embedding, metadata)
     read    collection.query(1 embedding, k=6): unfiltered, since no atom is hidden yet (the store
@@ -66,93 +69,89 @@ def _paired(ours: Callable[[int], object], raw: Callable[[int], object], repeats
     return {"ours_ms": o, "chroma_ms": r, "ratio": round(o / r, 3) if r else None}
 
 
-def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict]:
-    """Median latency of every store op against its raw Chroma call, with ``n_atoms`` stored."""
-    rng = np.random.default_rng(seed)
+def _fresh_pair(drafts: list[AtomDraft], emb: HashingEmbedder):
+    """A store and a raw collection in one in-memory Chroma database, holding identical atoms."""
     client = make_client("memory")
-    emb = HashingEmbedder(384)
     tag = uuid.uuid4().hex[:8]
     store = AtomStore(f"bench-{tag}", client=client, embedder=emb)
     raw = client.get_or_create_collection(
         f"{COLLECTION_PREFIX}bench-raw-{tag}", embedding_function=emb, configuration={"hnsw": {"space": "cosine"}}
     )
-    drafts = [synthetic_fact(rng, i) for i in range(n_atoms)]
     store.create_many(drafts)
-    # the raw collection gets byte-identical content
     atoms = store.atoms()
     vecs = emb.embed([a.text for a in atoms])
     for s in range(0, len(atoms), store.batch_size):
         chunk = atoms[s : s + store.batch_size]
         raw.add(ids=[a.id for a in chunk], documents=[a.text for a in chunk],
                 embeddings=vecs[s : s + len(chunk)], metadatas=[to_chroma_metadata(a) for a in chunk])
+    return client, store, raw, atoms
 
-    fresh = [synthetic_fact(rng, n_atoms + i) for i in range(4 * repeats + 8)]
+
+def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict]:
+    """Median latency of every store op against its raw Chroma call, with ``n_atoms`` stored.
+
+    Each writing op is measured on a freshly filled pair of collections: Chroma's write latency
+    depends on the collection's recent write history (it climbs with pending log records and drops
+    after a compaction), so ops measured one after another on the same pair measured each other.
+    """
+    rng = np.random.default_rng(seed)
+    emb = HashingEmbedder(384)
+    drafts = [synthetic_fact(rng, i) for i in range(n_atoms)]
+    fresh = [synthetic_fact(rng, n_atoms + i) for i in range(repeats)]
     fresh_vecs = emb.embed([d.text for d in fresh])
     queries = [f"what did {_PEOPLE[i % 8]} note about {' '.join(rng.choice(_WORDS, 3))}" for i in range(repeats)]
     query_vecs = emb.embed(queries)
+    who = [_PEOPLE[i % len(_PEOPLE)] for i in range(repeats)]
     where = {RESERVED_PREFIX + "role": {"$in": [Role.PRIMARY.value]}}
     out: dict[str, dict] = {}
 
-    # The raw calls send exactly the metadata the store ops send (history and relation JSON
-    # included), precomputed, so both collections go through the same states: Chroma's write cost
-    # depends on what the collection holds (an earlier version of this benchmark sent the raw side
-    # slimmer metadata and measured a 5x "overhead" on delete that was a difference of state)
-    fresh_meta = [to_chroma_metadata(a) for a in _as_atoms(store, fresh)]
-    meta = fresh_meta.__getitem__
-    base, upd = repeats, repeats
-    updated = {i: dataclasses.replace(atoms[i], text=fresh[upd + i].text, history=[HistoryEntry(atoms[i].text, 0)])
-               for i in range(repeats)}
-    update_meta = [to_chroma_metadata(updated[i]) for i in range(repeats)]
-    relate_meta = []
-    for i in range(repeats):
-        new, old = atoms[base + 2 * i], atoms[base + 2 * i + 1]
-        relate_meta.append([to_chroma_metadata(dataclasses.replace(new, relations={old.id: Relation.CONFLICT})),
-                            to_chroma_metadata(dataclasses.replace(old, role=Role.EVIDENCE))])
-    deleted_meta = [to_chroma_metadata(dataclasses.replace(a, role=Role.DELETED)) for a in atoms]
+    def measure(op: str, ours, raw_call, n: int = repeats) -> None:
+        client, store, raw, atoms = _fresh_pair(drafts, emb)
+        ids = [a.id for a in atoms]
+        out[op] = _paired(lambda i: ours(store, ids, i), lambda i: raw_call(raw, atoms, i), n)
+        client.delete_collection(raw.name)
+        store.drop()
 
-    # create: a new atom each round on both sides
-    out["create"] = _paired(
-        lambda i: store.create(fresh[i].text, participants=fresh[i].participants, time=fresh[i].time),
-        lambda i: raw.add(ids=[f"r{i}"], documents=[fresh[i].text], embeddings=fresh_vecs[i : i + 1],
-                          metadatas=[meta(i)]),
-        repeats,
-    )
-    out["read"] = _paired(
-        lambda i: store.read(queries[i], k=6),
-        lambda i: raw.query(query_embeddings=query_vecs[i : i + 1], n_results=6, include=["distances"]),
-        repeats,
-    )
-    who = [_PEOPLE[i % len(_PEOPLE)] for i in range(repeats)]
-    out["read_filtered"] = _paired(
-        lambda i: store.read(queries[i], k=6, participants=[who[i]]),
-        lambda i: raw.query(query_embeddings=query_vecs[i : i + 1], n_results=6,
-                            where={"$and": [where, {RESERVED_PREFIX + "participants": {"$contains": who[i]}}]},
-                            include=["distances"]),
-        max(10, repeats // 10),  # a metadata scan per call: slow at 100k atoms, fewer repeats
-    )
-    ids = [a.id for a in atoms]
-    out["update"] = _paired(
-        lambda i: store.update(ids[i], fresh[upd + i].text),
-        lambda i: raw.update(ids=[ids[i]], documents=[fresh[upd + i].text],
-                             embeddings=fresh_vecs[upd + i : upd + i + 1], metadatas=[update_meta[i]]),
-        repeats,
-    )
-    # relate pairs (ids[base + 2i], ids[base + 2i + 1]) are untouched so far
-    out["relate"] = _paired(
-        lambda i: store.relate(ids[base + 2 * i], ids[base + 2 * i + 1], "conflict"),
-        lambda i: raw.update(ids=[ids[base + 2 * i], ids[base + 2 * i + 1]], metadatas=relate_meta[i]),
-        repeats,
-    )
-    dbase = base + 2 * repeats
-    out["delete"] = _paired(
-        lambda i: store.delete(ids[dbase + i]),
-        lambda i: raw.update(ids=[ids[dbase + i]], metadatas=[deleted_meta[dbase + i]]),
-        repeats,
-    )
+    # The raw calls send exactly the metadata the store op sends (history and relation JSON
+    # included), precomputed outside the timing.
+    store0 = AtomStore.__new__(AtomStore)
+    store0.max_chars, store0.keyword_limit = 4000, 24
+    fresh_meta = [to_chroma_metadata(a) for a in _as_atoms(store0, fresh)]
+
+    def upd_meta(a: Atom, i: int) -> dict:
+        return to_chroma_metadata(dataclasses.replace(a, text=fresh[i].text, history=[HistoryEntry(a.text, 0)]))
+
+    def rel_meta(new: Atom, old: Atom) -> list[dict]:
+        return [to_chroma_metadata(dataclasses.replace(new, relations={old.id: Relation.CONFLICT})),
+                to_chroma_metadata(dataclasses.replace(old, role=Role.EVIDENCE))]
+
+    measure("create",
+            lambda st, ids, i: st.create(fresh[i].text, participants=fresh[i].participants, time=fresh[i].time),
+            lambda raw, atoms, i: raw.add(ids=[f"r{i}"], documents=[fresh[i].text],
+                                          embeddings=fresh_vecs[i : i + 1], metadatas=[fresh_meta[i]]))
+    measure("read",
+            lambda st, ids, i: st.read(queries[i], k=6),
+            lambda raw, atoms, i: raw.query(query_embeddings=query_vecs[i : i + 1], n_results=6, include=["distances"]))
+    measure("read_filtered",
+            lambda st, ids, i: st.read(queries[i], k=6, participants=[who[i]]),
+            lambda raw, atoms, i: raw.query(
+                query_embeddings=query_vecs[i : i + 1], n_results=6, include=["distances"],
+                where={"$and": [where, {RESERVED_PREFIX + "participants": {"$contains": who[i]}}]}),
+            max(10, repeats // 10))  # a metadata scan per call: slow at 100k atoms, fewer repeats
+    measure("update",
+            lambda st, ids, i: st.update(ids[i], fresh[i].text),
+            lambda raw, atoms, i: raw.update(ids=[atoms[i].id], documents=[fresh[i].text],
+                                             embeddings=fresh_vecs[i : i + 1], metadatas=[upd_meta(atoms[i], i)]))
+    measure("relate",
+            lambda st, ids, i: st.relate(ids[2 * i], ids[2 * i + 1], "conflict"),
+            lambda raw, atoms, i: raw.update(ids=[atoms[2 * i].id, atoms[2 * i + 1].id],
+                                             metadatas=rel_meta(atoms[2 * i], atoms[2 * i + 1])))
+    measure("delete",
+            lambda st, ids, i: st.delete(ids[i]),
+            lambda raw, atoms, i: raw.update(ids=[atoms[i].id],
+                                             metadatas=[to_chroma_metadata(dataclasses.replace(atoms[i], role=Role.DELETED))]))
     for op in out.values():
         op["atoms"] = n_atoms
-    client.delete_collection(raw.name)
-    store.drop()
     return out
 
 
@@ -163,8 +162,8 @@ def _as_atoms(store: AtomStore, drafts: list[AtomDraft]) -> list[Atom]:
 def run(sizes: list[int], repeats: int, rwr_sizes: list[int], seed: int = 0) -> dict:
     ops: dict[str, list[dict]] = {}
     for n in sizes:
-        if n < 4 * repeats:
-            raise ValueError(f"--sizes {n} is too small for --repeats {repeats} (need >= {4 * repeats})")
+        if n < 2 * repeats:
+            raise ValueError(f"--sizes {n} is too small for --repeats {repeats} (need >= {2 * repeats})")
         for op, figures in bench_ops(n, repeats, seed).items():
             ops.setdefault(op, []).append(figures)
     result: dict = {
