@@ -203,7 +203,10 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         group = self.num_generations if mode == "train" else self.num_generations_eval
         tasks = [Task.from_dict(json.loads(x["task"])) for x in inputs]
-        seed = int(self.args.seed) + 1_000_003 * int(self.state.global_step) + 7919 * self.accelerator.process_index
+        # episode k of this process resets with seed + k: offset by the process's place in the global
+        # batch, so an episode's seed depends on its global index, not on how many processes run
+        seed = (int(self.args.seed) + 1_000_003 * int(self.state.global_step)
+                + self.accelerator.process_index * len(inputs))
         recs, episodes = self._run_episodes(tasks, seed)
 
         returns = torch.tensor([float(r.get("return", 0.0)) for r in recs], dtype=torch.float32, device=device)
