@@ -810,24 +810,20 @@ class MemoryEnv:
         if with_sp > cap - 8:
             room = cap - floor - 8
             sp = (self.tokens.truncate(scratch, max(0, room - 12)).rstrip() + " [...scratchpad cut to fit]") if room > 16 else "[scratchpad not shown: prompt limit]"
+        def fits(trial: list[tuple[str, str]]) -> bool:
+            return build(trial, _hidden_note(len(mem_lines), len(trial)), sp, res)[1] <= cap
+
         kept: list[tuple[str, str]] = []
-        for i, (h, t) in enumerate(mem_lines):
-            trial = kept + [(h, t)]
-            note = _hidden_note(len(mem_lines), len(trial))
-            _, m = build(trial, note, sp, res)
-            if m <= cap:
-                kept = trial
+        for h, t in mem_lines:
+            if fits(kept + [(h, t)]):
+                kept = kept + [(h, t)]
                 continue
             # try a shortened version of this entry, then stop
-            _, base = build(kept, "", sp, res)
-            room = cap - base - 24
+            room = cap - build(kept, "", sp, res)[1] - 24
             if room > 12:
-                cut = self.tokens.truncate(t, room).rstrip() + " [...cut]"
-                trial = kept + [(h, cut)]
-                note = _hidden_note(len(mem_lines), len(trial))
-                _, m = build(trial, note, sp, res)
-                if m <= cap:
-                    kept = trial
+                cut = [(h, self.tokens.truncate(t, room).rstrip() + " [...cut]")]
+                if fits(kept + cut):
+                    kept = kept + cut
             break
         note = _hidden_note(len(mem_lines), len(kept))
         msgs, n = build(kept, note, sp, res)
