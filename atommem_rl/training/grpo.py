@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer, ModelConfig
-from trl.trainer.utils import pad
+from trl.trainer.utils import RepeatSampler, pad
 
 from envs.core import OPS
 
@@ -77,6 +77,10 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
     report_to: None | str | list[str] = field(default="wandb", metadata={"help": "Loggers: wandb, none, ..."})
     rollout_batch_size: int | None = field(
         default=None, metadata={"help": "Episodes stepped at once (None: all episodes of the generation batch)."})
+    seeded_sampling: bool = field(default=True, metadata={
+        "help": "Hugging Face generate: sample each episode step with its own seed (Gumbel-max, "
+                "training/seeded_sampling.py), so rollouts do not depend on the number of processes, the "
+                "batch composition or the RNG state (resume). False: generate's own sampling."})
 
     def __post_init__(self):
         if self.output_dir is None:
@@ -101,8 +105,9 @@ class TrainerPolicy(Policy):
 
     name = "trainer"
 
-    def __init__(self, trainer: "StepwiseGRPOTrainer"):
+    def __init__(self, trainer: "StepwiseGRPOTrainer", seed: int = 0):
         self.trainer = trainer
+        self.seed = seed  # episode `key` resets with seed + key (rollout.run_rollouts)
         self.tok = trainer.processing_class
         self.steps: dict[Any, list[tuple[list[int], list[int], list[float] | None]]] = {}
         self.order: list[Any] = []
@@ -115,23 +120,36 @@ class TrainerPolicy(Policy):
     def end(self, key) -> None:
         self.ended.append(key)
 
-    def _round(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list | None]:
+    def _generate(self, prompt_ids: list[list[int]], row_seeds: list[int]):
+        t = self.trainer
+        if getattr(t.args, "seeded_sampling", False) and not t.use_vllm and not t.use_transformers_continuous_batching:
+            from .seeded_sampling import seeded_generation
+
+            with seeded_generation(t, row_seeds):
+                return t._generate_single_turn(prompt_ids, None, {}, 1)
+        return t._generate_single_turn(prompt_ids, None, {}, 1)
+
+    def _round(self, prompt_ids: list[list[int]], row_seeds: list[int]) -> tuple[list[list[int]], list | None]:
         t = self.trainer
         if t.accelerator.num_processes > 1:
             busy = t.accelerator.gather(torch.tensor([int(bool(prompt_ids))], device=t.accelerator.device))
             if int(busy.max()) == 0:
                 return [], None
             if not prompt_ids:  # join the collective with a throw-away prompt
-                t._generate_single_turn([[self.tok.eos_token_id]], None, {}, 1)
+                self._generate([[self.tok.eos_token_id]], [0])
                 return [], None
-        return t._generate_single_turn(prompt_ids, None, {}, 1)
+        return self._generate(prompt_ids, row_seeds)
 
     def act(self, batch):
         prompt_ids = []
         for _, obs, _ in batch:
             text = self.tok.apply_chat_template(obs, tokenize=False, add_generation_prompt=True)
             prompt_ids.append(self.tok.encode(text, add_special_tokens=False))
-        completion_ids, logprobs = self._round(prompt_ids)
+        # a step's sampling seed: the episode's reset seed and the step's index in the episode
+        from .seeded_sampling import mix
+
+        row_seeds = [mix(self.seed + key, len(self.steps[key])) for key, _, _ in batch]
+        completion_ids, logprobs = self._round(prompt_ids, row_seeds)
         texts = self.tok.batch_decode(completion_ids, skip_special_tokens=True)
         for i, (key, _, _) in enumerate(batch):
             lp = None if logprobs is None else list(logprobs[i])
@@ -145,7 +163,7 @@ class TrainerPolicy(Policy):
                 busy = self.trainer.accelerator.gather(torch.tensor([0], device=self.trainer.accelerator.device))
                 if int(busy.max()) == 0:
                     return
-                self.trainer._generate_single_turn([[self.tok.eos_token_id]], None, {}, 1)
+                self._generate([[self.tok.eos_token_id]], [0])
 
 
 def group_advantages(returns: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
@@ -175,6 +193,23 @@ def step_samples(episodes: list[list[tuple]], advantages: list[float | list[floa
     return out
 
 
+class EpochRepeatSampler(RepeatSampler):
+    """TRL's RepeatSampler draws each epoch's permutation from one generator seeded once, so epoch e's
+    order depends on the e draws before it; a run resumed in epoch e (Trainer does not replay earlier
+    epochs) would get epoch 0's order. Here the generator is reseeded with seed + epoch at the start of
+    every pass, the epoch read from the trainer's state (``epoch_of``; restored on resume), so the order
+    depends on the epoch only. (accelerate's ``set_epoch`` does not reach a sampler behind its
+    skip-batches wrapper on several processes, so the trainer state is the one reliable source.)"""
+
+    def __init__(self, *args, epoch_of, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.epoch_of = epoch_of
+
+    def __iter__(self):
+        self.generator.manual_seed(int(self.seed or 0) + int(self.epoch_of()))
+        return super().__iter__()
+
+
 class StepwiseGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose generation batch is made of memory episodes (see the module docstring)."""
 
@@ -183,9 +218,19 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         self.env_config = dict(env_config or {})
         self.rollout_batch_size = rollout_batch_size
 
+    def _get_train_sampler(self, dataset=None):
+        """TRL's RepeatSampler, reseeded per epoch (see :class:`EpochRepeatSampler`)."""
+        s = super()._get_train_sampler(dataset)
+        if type(s) is not RepeatSampler or not s.shuffle:
+            return s
+        # state.epoch is e + (steps done in epoch e) / (steps per epoch): its floor is the current epoch
+        return EpochRepeatSampler(data_source=s.data_source, mini_repeat_count=s.mini_repeat_count,
+                                  batch_size=s.batch_size, repeat_count=s.repeat_count, shuffle=True, seed=s.seed,
+                                  epoch_of=lambda: int(self.state.epoch or 0))
+
     def _run_episodes(self, tasks: list[Task], seed: int) -> tuple[list[dict], list[list[tuple]]]:
         """Run one episode per task (in task order); returns trajectories and per-step token samples."""
-        policy = TrainerPolicy(self)
+        policy = TrainerPolicy(self, seed)
         finished: list[dict] = []
         run_rollouts(tasks, policy, {"tokenizer": self.processing_class, **self.env_config},
                      batch_size=self.rollout_batch_size or len(tasks), seed=seed, record_prompts=False,
@@ -326,23 +371,20 @@ def build_trainer(config: GRPORecipeConfig, trainer_cls: type = StepwiseGRPOTrai
 def train(config: GRPORecipeConfig, build=build_trainer, phase: str = "grpo", on_trained=None) -> dict:
     """Run the stage; a rerun of the same command resumes from the last checkpoint when
     ``resume_from_checkpoint`` is true. Returns the summary also written to <output_dir>/<phase>_summary.json."""
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from .sft import _resume_arg, setup_wandb
+    from .sft import preflight, resume_label, setup_wandb
 
     t0 = time.perf_counter()
+    resume = preflight(config)  # checkpoints checked before anything is built or written
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
     setup_wandb(config)
     trainer = build(config)
-    resume = _resume_arg(config.resume_from_checkpoint)
-    if resume is True and get_last_checkpoint(config.output_dir) is None:
-        resume = None  # nothing to resume yet: start fresh
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(config.output_dir)
     if on_trained is not None:
         on_trained(trainer)
     summary = {"output_dir": config.output_dir, "run_name": config.run_name, "global_step": trainer.state.global_step,
-               "train_loss": result.training_loss, "resumed_from": resume if resume is not True else "last",
+               "train_loss": result.training_loss, "resumed_from": resume_label(config, resume),
+               "resume_checkpoint": resume,
                "seconds": round(time.perf_counter() - t0, 1)}
     if trainer.accelerator.is_main_process:
         (Path(config.output_dir) / f"{phase}_summary.json").write_text(json.dumps(summary, indent=2, default=str))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 import torch
@@ -36,9 +37,16 @@ from .grpo import GRPORecipeConfig, StepwiseGRPOTrainer
 from .recipes import parse_recipe_args
 
 
+CRITIC_DIR = "critic"  # <output_dir>/critic and <output_dir>/checkpoint-N/critic
+CRITIC_OPTIMIZER = "optimizer.pt"
+
+
 @dataclass
 class PPORecipeConfig(GRPORecipeConfig):
     """``GRPORecipeConfig`` plus the critic and GAE; ``output_dir`` = <checkpoints_dir>/<run_name>/ppo."""
+
+    # sub-folders a checkpoint-N must hold to be resumed from (training/checkpoints.py)
+    checkpoint_parts: ClassVar[tuple[str, ...]] = (CRITIC_DIR,)
 
     # TRL's GRPOConfig insists on >= 2 episodes per task; PPO treats them as independent samples
     num_generations: int | None = field(default=2, metadata={"help": "Episodes per task (>= 2, independent)."})
@@ -86,6 +94,31 @@ class StepwisePPOTrainer(StepwiseGRPOTrainer):
         optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_learning_rate)
         # the critic is a second model under the same accelerator: DDP/FSDP/DeepSpeed wrap it too
         self.critic, self.critic_optimizer = self.accelerator.prepare(critic, optimizer)
+
+    # -- the critic is part of every checkpoint-N: a resumed run restores its weights and optimizer
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """Trainer saves optimizer/scheduler here, before trainer_state.json (written last, so a
+        checkpoint killed mid-save fails the resume check): the critic and its optimizer go alongside."""
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.accelerator.is_main_process:
+            folder = Path(output_dir) / CRITIC_DIR
+            self.accelerator.unwrap_model(self.critic).save_pretrained(folder)
+            torch.save(self.critic_optimizer.state_dict(), folder / CRITIC_OPTIMIZER)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        folder = Path(checkpoint) / CRITIC_DIR
+        if not (folder / CRITIC_OPTIMIZER).exists():
+            from ..models import CheckpointError
+
+            raise CheckpointError(f"PPO checkpoint {checkpoint} has no critic ({folder / CRITIC_OPTIMIZER})")
+        critic = self.accelerator.unwrap_model(self.critic)
+        saved = type(critic).from_pretrained(folder, dtype=next(critic.parameters()).dtype)
+        critic.load_state_dict(saved.state_dict())
+        self.critic_optimizer.load_state_dict(torch.load(folder / CRITIC_OPTIMIZER, weights_only=True,
+                                                         map_location=self.accelerator.device))
 
     def _values(self, prompts: list[list[int]], grad: bool = False) -> torch.Tensor:
         pad_id = self._tokenizer.pad_token_id
@@ -163,11 +196,12 @@ def build_trainer(config: PPORecipeConfig) -> StepwisePPOTrainer:
 
 def save_critic(trainer: StepwisePPOTrainer) -> None:
     if trainer.accelerator.is_main_process:
-        trainer.accelerator.unwrap_model(trainer.critic).save_pretrained(Path(trainer.args.output_dir) / "critic")
+        trainer.accelerator.unwrap_model(trainer.critic).save_pretrained(Path(trainer.args.output_dir) / CRITIC_DIR)
 
 
 def train(config: PPORecipeConfig) -> dict:
-    """Run PPO; the critic is saved next to the policy under <output_dir>/critic."""
+    """Run PPO; the critic is saved next to the policy under <output_dir>/critic, and with its
+    optimizer under every <output_dir>/checkpoint-N/critic (a resume restores both)."""
     return grpo.train(config, build=build_trainer, phase="ppo", on_trained=save_critic)
 
 

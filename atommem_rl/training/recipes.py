@@ -22,6 +22,7 @@ Shell helper (used by the sbatch scripts; reads only the YAML, imports no torch)
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import enum
@@ -197,10 +198,14 @@ def parse_recipe_args(config_cls: type, argv: list[str] | None = None, apply_env
     if apply_env:
         for k, v in (data.get("env") or {}).items():
             os.environ[str(k)] = str(v)
-    parser = TrlParser([config_cls])
+    # exit_on_error=False: a bad command-line value raises (and is reported below, one line naming
+    # the option) instead of argparse printing the whole usage and exiting
+    parser = TrlParser([config_cls], exit_on_error=False)
     parser.set_defaults_with_config(**values)
     try:
         (config,) = parser.parse_args_into_dataclasses(args=argv)
+    except argparse.ArgumentError as exc:
+        raise RecipeError(f"command line: {exc}") from None
     except ValueError as exc:
         msg = str(exc)
         if "not used by the HfArgumentParser" in msg:

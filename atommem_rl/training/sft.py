@@ -170,26 +170,42 @@ def build_trainer(config: SFTRecipeConfig, rows: list[dict] | None = None):
     return trainer
 
 
-def _resume_arg(value: str | None):
-    if value is None or str(value).lower() in ("", "false", "no", "none"):
-        return None
-    if str(value).lower() in ("true", "auto", "last", "yes"):
-        return True  # Trainer picks the last checkpoint-N in output_dir
-    return value
+def _is_hub_id(name: str) -> bool:
+    """``org/model`` that is not a local path (those are left to ``from_pretrained``)."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~", "checkpoints/")) and not Path(name).exists()
+
+
+def preflight(config) -> str | None:
+    """Check every checkpoint the stage will read before any work starts (nothing is created yet):
+    the policy (``model_name_or_path``), PPO's ``value_model``, and the checkpoint to resume from,
+    which is returned (None: start fresh). Shared by SFT, GRPO and PPO (atommem_rl/training/checkpoints.py)."""
+    from .checkpoints import check_model, resolve_resume
+
+    for key in ("model_name_or_path", "value_model"):
+        name = getattr(config, key, None)
+        if name and not _is_hub_id(str(name)):
+            try:
+                check_model(resolve_path(str(name)))
+            except FileNotFoundError as exc:
+                raise type(exc)(f"{key}: {exc}") from None
+    return resolve_resume(config.resume_from_checkpoint, config.output_dir, getattr(config, "checkpoint_parts", ()))
+
+
+def resume_label(config, resume: str | None) -> str | None:
+    """``"last"`` when the recipe asked for the newest checkpoint and one was found, else the path or None."""
+    auto = str(config.resume_from_checkpoint).lower() in ("true", "auto", "last", "yes")
+    return ("last" if auto else resume) if resume else None
 
 
 def train(config: SFTRecipeConfig) -> dict:
     """Run SFT; returns the summary also written to ``<output_dir>/sft_summary.json``."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     from accelerate import PartialState
 
     t0 = time.perf_counter()
+    # a rerun of the same command with resume_from_checkpoint: true continues from the newest intact checkpoint
+    resume = preflight(config)
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
     setup_wandb(config)
-    resume = _resume_arg(config.resume_from_checkpoint)
-    if resume is True and get_last_checkpoint(config.output_dir) is None:
-        resume = None  # nothing to resume yet: start fresh (a rerun of the same command resumes)
     state = PartialState()
     # The main process generates the demonstrations once; the other ranks (and a resumed run, for the
     # same data order) read the saved file.
@@ -200,7 +216,8 @@ def train(config: SFTRecipeConfig) -> dict:
     trainer.save_model(config.output_dir)
     summary = {"output_dir": config.output_dir, "run_name": config.run_name, "examples": len(rows),
                "data": data_info, "global_step": trainer.state.global_step,
-               "train_loss": result.training_loss, "resumed_from": resume if resume is not True else "last",
+               "train_loss": result.training_loss, "resumed_from": resume_label(config, resume),
+               "resume_checkpoint": resume,
                "seconds": round(time.perf_counter() - t0, 1)}
     if config.use_peft and config.merge_lora and trainer.accelerator.is_main_process:
         from atommem_rl.models import merge_lora
