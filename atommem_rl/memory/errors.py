@@ -38,4 +38,15 @@ class CapacityError(MemoryStoreError):
 
 
 class StoreUnavailableError(MemoryStoreError, ConnectionError):
-    """The Chroma backend cannot be reached (server down, wrong host or port)."""
+    """The Chroma backend cannot be reached (server down, wrong host or port, connection dropped
+    mid-request). ``url`` names the server (``http://host:port``, or ``in-process``) and
+    ``operation`` what the store was doing; the message states both.
+
+    The outcome of the interrupted write is unknown (the server may have applied it before it
+    went away), so the store marks its mirror stale and rebuilds it from Chroma before its next
+    operation (``AtomStore.resync``). Rollouts retry the episode (``atommem_rl.rollout``)."""
+
+    def __init__(self, message: str, *, url: str | None = None, operation: str | None = None):
+        super().__init__(message)
+        self.url = url
+        self.operation = operation

@@ -50,7 +50,7 @@ from .atom import (
     from_chroma,
     to_chroma_metadata,
 )
-from .backends import make_client
+from .backends import address, is_unavailable, make_client
 from .embeddings import Embedder, HashingEmbedder
 from .errors import (
     AtomNotFoundError,
@@ -91,11 +91,12 @@ class MemoryView:
     evidence_ids: list[str] = field(default_factory=list)
 
 
-def _translate(exc: Exception, what: str) -> MemoryStoreError:
+def _translate(exc: Exception, what: str, url: str) -> MemoryStoreError:
     """Map an exception from Chroma or its transport to the store's documented types."""
     name = type(exc).__name__
-    if isinstance(exc, (ConnectionError, OSError, TimeoutError)) or "Connect" in name or "Timeout" in name:
-        return StoreUnavailableError(f"Chroma unreachable during {what}: {exc}")
+    if is_unavailable(exc):
+        return StoreUnavailableError(f"Chroma server {url} unreachable during {what}: {name}: {exc}",
+                                     url=url, operation=what)
     return MemoryStoreError(f"Chroma rejected {what}: {name}: {exc}")
 
 
@@ -117,6 +118,7 @@ class AtomStore:
                 "starting and ending with a letter or digit"
             )
         self.namespace = namespace
+        self._stale = False  # set when a call's outcome is unknown (transport failure): resync first
         self.client = client if client is not None else make_client("memory")
         self.embedder = embedder if embedder is not None else HashingEmbedder()
         self.max_chars = int(max_chars)
@@ -157,12 +159,27 @@ class AtomStore:
             return fn(*args, **kwargs)
         except MemoryStoreError:
             raise
-        except (ChromaError, ValueError, TypeError) as exc:
-            if "Connect" in type(exc).__name__:
-                raise _translate(exc, what) from exc
-            raise MemoryStoreError(f"Chroma rejected {what}: {exc}") from exc
-        except Exception as exc:  # transport errors (httpx), Rust binding errors
-            raise _translate(exc, what) from exc
+        except Exception as exc:  # transport errors (httpx), Chroma's own, Rust binding errors
+            err = _translate(exc, what, address(self.client))
+            if isinstance(err, StoreUnavailableError):
+                self._stale = True  # a write may or may not have landed: the mirror is rebuilt before the next call
+            elif isinstance(exc, (ChromaError, ValueError, TypeError)):
+                err = MemoryStoreError(f"Chroma rejected {what}: {exc}")
+            raise err from exc
+
+    def resync(self) -> None:
+        """Rebuild the mirror from Chroma, the source of truth. Called before the next operation after
+        a transport failure, whose write the server may have applied before the connection dropped;
+        if Chroma is still unreachable the mirror is left as it was and the error propagates."""
+        saved = (self._atoms, self._incoming, self._role_counts, self.clock, self._next_seq)
+        self._atoms, self._incoming, self._role_counts = {}, {}, {role: 0 for role in Role}
+        try:
+            self._load()
+        except BaseException:
+            self._atoms, self._incoming, self._role_counts, self.clock, self._next_seq = saved
+            raise
+        self._stale = False
+        self._touch("resync")
 
     def _load(self) -> None:
         """Rebuild the mirror from Chroma (a reopened namespace), page by page."""
@@ -323,6 +340,8 @@ class AtomStore:
         drafts = [d if isinstance(d, AtomDraft) else AtomDraft(**d) for d in drafts]
         if not drafts:
             return []
+        if self._stale:
+            self.resync()
         clock = self.clock + 1
         atoms, seq, seen = [], self._next_seq, set()
         for d in drafts:
@@ -385,6 +404,8 @@ class AtomStore:
         name any of them; ``time_window`` (date, ISO string or range) keeps atoms whose time anchor
         overlaps it (atoms without one are dropped by a time filter).
         """
+        if self._stale:
+            self.resync()
         if not isinstance(query, str) or not query.strip():
             raise InvalidAtomError("read query is empty or whitespace")
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
@@ -438,6 +459,8 @@ class AtomStore:
     def update(self, atom_id: str, text: str, *, time: Any = None, keywords: Sequence[str] | None = None) -> Atom:
         """Replace an atom's text; the previous text goes into its history (with ``time`` as the
         date of the change when given). The atom keeps its id, role and relations."""
+        if self._stale:
+            self.resync()
         atom = self._live(atom_id)
         new_text = self._clean_text(text)
         span = TimeSpan.parse(time)
@@ -466,6 +489,8 @@ class AtomStore:
     def delete(self, atom_id: str) -> Atom:
         """Remove an atom from retrieval. Atoms it had demoted are re-derived (they may become
         Primary again); it stays in Chroma and in the log with role ``deleted``."""
+        if self._stale:
+            self.resync()
         atom = self._live(atom_id)
         changed = {atom.id: Role.DELETED}
         affected = set(atom.relations) | self._incoming.get(atom.id, set())
@@ -487,6 +512,8 @@ class AtomStore:
             raise InvalidRelationError(str(exc)) from None
         if new_id == old_id:
             raise InvalidRelationError(f"an atom cannot be related to itself ({new_id!r})")
+        if self._stale:
+            self.resync()
         new, old = self._live(new_id), self._live(old_id)
         links = {new.id: dict(new.relations), old.id: dict(old.relations)}
         links[old.id].pop(new.id, None)  # one label per pair
