@@ -6,7 +6,10 @@ policy for all actions at once (``policy.act(batch)``: one generation call for a
 steps each environment, records the step (prompt messages, completion, reward, tool results), and
 replaces finished episodes with new tasks. An exception inside an environment step is a *crash*: it
 is counted, the traceback is recorded in the trajectory, and the episode is closed (the policy can
-never cause one: the environments turn every bad action into an error observation).
+never cause one: the environments turn every bad action into an error observation). A store outage
+(``StoreUnavailableError``: the Chroma server is down) is not a crash: the episode's attempt fails with
+that error (server URL and operation named), and the task is retried from the start with backoff
+once the server answers again, or skipped after ``retries``; the run goes on (``run_rollouts``).
 
 Trajectories (one JSON object per episode) hold the task id, per-step records
 ``{"prompt": messages, "completion": text, "reward": x, "results": [...], "phase": ...}`` and the
@@ -14,14 +17,17 @@ outcome (score, em, f1, per-question predictions, evidence recall, relation accu
 token share, op counts, tokens). ``summarize`` gives the JSON that ``atommem rollout`` prints
 (DESIGN.md section 4).
 
-Launch: ``atommem rollout --tasks FILE --policy oracle --out runs/oracle.jsonl``.
+Launch: ``atommem rollout --tasks FILE --policy oracle --out runs/oracle.jsonl``
+(``--chroma http://127.0.0.1:8000`` to use a ``chroma run`` server).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 import traceback
+from collections import deque
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -29,6 +35,9 @@ from typing import Any
 from envs import make_env
 from envs.core import OPS
 
+from .memory.backends import address, is_up
+from .memory.errors import StoreUnavailableError
+from .memory.store import COLLECTION_PREFIX
 from .policies.base import Policy
 from .tasks.schema import Task
 
@@ -60,26 +69,99 @@ def make_policy(name: str, **kw) -> Policy:
 
 def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None = None, *,
                  batch_size: int = 8, seed: int = 0, record_prompts: bool = True,
-                 on_episode=None) -> list[dict]:
-    """Run one episode per task; returns the trajectories (also passed to ``on_episode`` as they end)."""
+                 on_episode=None, retries: int = 3, retry_backoff: float = 2.0, max_backoff: float = 30.0,
+                 keep_memory: bool = False) -> list[dict]:
+    """Run one episode per task; returns the trajectories (also passed to ``on_episode`` as they end).
+
+    Store outages (``StoreUnavailableError``: the Chroma server went away) fail the affected episode's
+    *attempt*, not the run: the failure (error, server URL, operation, step, namespace, and the memory
+    the store had acknowledged) is appended to the record's ``failures``, and the task is retried from
+    its first step with the same seed after ``retry_backoff * 2**attempt`` seconds (capped at
+    ``max_backoff``), and only once the server answers a heartbeat; after ``retries`` retries it is
+    *skipped*: its record has ``skipped: True`` and no outcome. While the server is down no new task
+    is opened unless nothing else is pending. ``keep_memory`` keeps every episode's namespace in
+    Chroma (its name is in the record) instead of dropping it when the episode ends.
+    """
+    if retries < 0 or retry_backoff < 0:
+        raise ValueError("retries and retry_backoff must be non-negative")
     env_config = dict(env_config or {})
-    queue = list(tasks)
-    queue.reverse()
+    client = env_config.get("client")
+    url = address(client) if client is not None else "in-process"
+    fresh = deque(enumerate(tasks))
+    waiting: list[tuple[float, int, Task, int]] = []  # heap of (due time, task index, task, attempt)
+    failures: dict[int, list[dict]] = {}
+    orphans: list[str] = []  # namespaces of failed attempts, dropped once the server is back
     active: dict[int, dict] = {}
     done: list[dict] = []
-    counter = 0
+    outage = False
 
-    def open_next() -> None:
-        nonlocal counter
-        task = queue.pop()
-        key = counter
-        counter += 1
-        rec = {"task_id": task.id, "source": task.source, "kind": task.kind, "policy": policy.name, "steps": [],
-               "crashed": False, "started": time.perf_counter()}
+    def new_record(task: Task, attempt: int) -> dict:
+        return {"task_id": task.id, "source": task.source, "kind": task.kind, "policy": policy.name, "steps": [],
+                "crashed": False, "skipped": False, "attempts": attempt + 1, "started": time.perf_counter()}
+
+    def finish(key: int, rec: dict) -> None:
+        rec["failures"] = failures.pop(key, [])
+        done.append(rec)
+        if on_episode is not None:
+            on_episode(rec)
+
+    def fail(key: int, task: Task, attempt: int, env, exc: StoreUnavailableError, step: int | None) -> None:
+        """Record a failed attempt; schedule the retry or skip the task."""
+        nonlocal outage
+        outage = True
+        store = getattr(env, "store", None)
+        failures.setdefault(key, []).append({
+            "attempt": attempt, "error": str(exc), "url": exc.url or url, "operation": exc.operation, "step": step,
+            "namespace": store.namespace if store is not None else None,
+            # the mirror holds exactly the writes Chroma acknowledged (the store updates it only after)
+            "memory": env.memory_snapshot() if env is not None and record_prompts else None,
+        })
+        if env is not None:
+            if store is not None and not keep_memory:
+                orphans.append(store.namespace)
+            env.store = None  # MemoryEnv.close would try to drop the namespace on a server that is down
+            env.close()
+        if key in active:
+            active.pop(key)
+            policy.end(key)
+        if attempt < retries:
+            due = time.monotonic() + min(max_backoff, retry_backoff * 2 ** attempt)
+            heapq.heappush(waiting, (due, key, task, attempt + 1))
+        else:
+            rec = new_record(task, attempt)
+            rec.pop("started")
+            rec.update(skipped=True, score=None, em=None, f1=None, seconds=0.0, memory=None)
+            finish(key, rec)
+
+    def server_up() -> bool:
+        """During an outage, one heartbeat decides whether episodes may be opened; the first success
+        ends the outage and drops the namespaces that failed attempts left behind."""
+        nonlocal outage
+        if not outage:
+            return True
+        if client is not None and not is_up(client):
+            return False
+        outage = False
+        while orphans:
+            ns = orphans.pop()
+            try:
+                client.delete_collection(COLLECTION_PREFIX + ns)
+            except Exception:  # noqa: BLE001 - an attempt may have failed before its collection existed
+                pass
+        return True
+
+    def open_episode(key: int, task: Task, attempt: int) -> None:
+        rec = new_record(task, attempt)
         env = make_env(task, **env_config)  # a configuration error raises here: the caller's bug
-        obs, info = env.reset(seed=seed + key)
+        try:
+            obs, info = env.reset(seed=seed + key)  # a retry replays the same episode
+        except StoreUnavailableError as exc:
+            fail(key, task, attempt, env, exc, step=0)
+            return
+        rec["namespace"] = env.store.namespace if env.store is not None else None
         policy.start(key, task)
-        active[key] = {"env": env, "obs": obs, "info": info, "rec": rec, "return": 0.0}
+        active[key] = {"env": env, "obs": obs, "info": info, "rec": rec, "return": 0.0, "task": task,
+                       "attempt": attempt}
 
     def close(key: int, info: dict | None) -> None:
         st = active.pop(key)
@@ -97,15 +179,33 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
         rec.setdefault("em", 0.0)
         rec.setdefault("f1", 0.0)
         rec["memory"] = env.memory_snapshot() if record_prompts else None
+        if keep_memory:
+            env.store = None  # MemoryEnv.close drops the namespace; detached, it stays in Chroma
         env.close()
         policy.end(key)
-        done.append(rec)
-        if on_episode is not None:
-            on_episode(rec)
+        finish(key, rec)
 
-    while queue or active:
-        while queue and len(active) < batch_size:
-            open_next()
+    while fresh or waiting or active:
+        up = server_up()
+        while waiting and waiting[0][0] <= time.monotonic() and len(active) < batch_size:
+            _, key, task, attempt = heapq.heappop(waiting)
+            if up:
+                open_episode(key, task, attempt)
+            else:  # the retry was due and the server still does not answer: that attempt failed too
+                fail(key, task, attempt, None, StoreUnavailableError(
+                    f"Chroma server {url} still unreachable when retry {attempt} was due",
+                    url=url, operation="reopening the episode"), step=None)
+            up = not outage
+        # while the server is down, a new task is opened only when nothing else is pending, so a dead
+        # server ends the run after each task's bounded retries instead of hanging it
+        while fresh and len(active) < batch_size and (up or (not active and not waiting)):
+            key, task = fresh.popleft()
+            open_episode(key, task, 0)
+            up = not outage
+        if not active:
+            if waiting:
+                time.sleep(max(0.0, min(waiting[0][0] - time.monotonic(), 1.0)))
+            continue
         keys = list(active)
         batch = [(k, active[k]["obs"], active[k]["info"]) for k in keys]
         actions = policy.act(batch)
@@ -113,6 +213,9 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
             st = active[k]
             try:
                 obs, reward, terminated, truncated, info = st["env"].step(action)
+            except StoreUnavailableError as exc:  # the server went away: retry the episode later
+                fail(k, st["task"], st["attempt"], st["env"], exc, step=len(st["rec"]["steps"]))
+                continue
             except Exception:  # noqa: BLE001 - a crash is a finding, recorded and counted
                 st["rec"]["crashed"] = True
                 st["rec"]["traceback"] = traceback.format_exc()
@@ -134,7 +237,13 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
 
 
 def summarize(trajectories: list[dict], policy: str) -> dict:
-    """The ``atommem rollout`` summary (DESIGN.md section 4); em and f1 in 0-1."""
+    """The ``atommem rollout`` summary (DESIGN.md section 4); em and f1 in 0-1.
+
+    ``episodes`` and every metric cover the episodes that ran to the end; ``skipped`` counts tasks
+    given up after store outages, ``retried`` the finished episodes that needed more than one attempt,
+    ``store_failures`` every failed attempt (see ``run_rollouts``)."""
+    skipped = [t for t in trajectories if t.get("skipped")]
+    trajectories = [t for t in trajectories if not t.get("skipped")]
     n = len(trajectories)
     ops = {op: 0 for op in OPS}
     tokens = {"prompt": 0, "completion": 0}
@@ -164,6 +273,9 @@ def summarize(trajectories: list[dict], policy: str) -> dict:
         "relation_accuracy": mean("relation_accuracy"),
         "confounder_token_share": mean("confounder_token_share"),
         "truncated": sum(1 for t in trajectories if t.get("terminated") is False),
+        "store_failures": sum(len(t.get("failures") or []) for t in trajectories + skipped),
+        "retried": sum(1 for t in trajectories if t.get("failures")),
+        "skipped": len(skipped),
     }
 
 

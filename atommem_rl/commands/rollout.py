@@ -7,7 +7,14 @@
 Printed (DESIGN.md section 4; em and f1 in 0-1): {"episodes", "policy", "mean_reward", "em", "f1",
 "crashes", "tool_errors", "ops": {create, read, update, delete, relate, scratchpad, answer},
 "tokens": {prompt, completion}} plus evidence_recall, relation_accuracy, confounder_token_share,
-truncated. Every environment option of ``envs.core.EnvConfig`` is a flag here.
+truncated, and the store-outage counts store_failures, retried, skipped. Every environment option
+of ``envs.core.EnvConfig`` is a flag here.
+
+With ``--chroma http://127.0.0.1:8000`` the episodes' memories live on a ``chroma run`` server.
+If it goes away mid-run, the affected episodes fail with an error naming the server and the
+operation, are retried from the start (``--retries``, backoff ``--retry-backoff`` seconds doubling
+per attempt) once it answers again, or are skipped; the run continues. Exit status 1 when an
+episode crashed or was skipped (trajectories and summary are written either way).
 """
 
 from __future__ import annotations
@@ -27,6 +34,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=8, help="episodes stepped together (one generation call)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-prompts", action="store_true", help="do not store prompts and memory in trajectories")
+    c = p.add_argument_group("memory backend and store outages")
+    c.add_argument("--chroma", default=None, metavar="URL",
+                   help="a chroma run server, http://HOST:PORT (default: in-memory Chroma in this process)")
+    c.add_argument("--retries", type=int, default=3, help="retries of an episode hit by a store outage, then skip")
+    c.add_argument("--retry-backoff", type=float, default=2.0, help="seconds before the first retry (doubles, max 30)")
+    c.add_argument("--keep-memory", action="store_true",
+                   help="keep each episode's namespace in Chroma (named in its trajectory) instead of dropping it")
     e = p.add_argument_group("environment (envs.core.EnvConfig)")
     e.add_argument("--chunk-tokens", type=int, default=512)
     e.add_argument("--max-chunks", type=int, default=None)
@@ -78,9 +92,15 @@ def main(args) -> int:
     from atommem_rl.tasks.schema import load_tasks
 
     cfg = env_config_from_args(args)
+    if args.retries < 0 or args.retry_backoff < 0:
+        raise ValueError("--retries and --retry-backoff must be non-negative")
     tasks = load_tasks(args.tasks, limit=args.limit)
     if not tasks:
         raise ValueError(f"{args.tasks} holds no tasks")
+    if args.chroma:
+        from atommem_rl.memory.backends import make_client, parse_url
+
+        cfg["client"] = make_client(parse_url(args.chroma))  # unreachable: a clear error before any work
     kw = {}
     if args.policy in ("random", "fuzz"):
         kw["seed"] = args.seed
@@ -89,11 +109,12 @@ def main(args) -> int:
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
     policy = make_policy(args.policy, **kw)
     trajectories = run_rollouts(tasks, policy, cfg, batch_size=args.batch_size, seed=args.seed,
-                                record_prompts=not args.no_prompts)
+                                record_prompts=not args.no_prompts, retries=args.retries,
+                                retry_backoff=args.retry_backoff, keep_memory=args.keep_memory)
     write_jsonl(trajectories, args.out)
     summary = summarize(trajectories, args.policy)
     print(json.dumps(summary))
-    return 1 if summary["crashes"] else 0
+    return 1 if summary["crashes"] or summary["skipped"] else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
