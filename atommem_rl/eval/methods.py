@@ -19,6 +19,15 @@ Reader methods build a context per question and ask the reader (one call per que
                    (cosine >= ``roam_min_similarity``) are labelled IND/EQV/OSN/NSO/CON by one call;
                    the store's deterministic rules set roles; retrieval returns fused Primary views
 
+The graph-memory pipeline (``atommem_rl/extraction/pipeline.py``; reader methods too): an extractor
+call per window of turns writes verified atomic facts, then one reader call per question:
+
+    atommem_graph  extraction, verification (hybrid candidates, model-labelled relations), events,
+                   session-end profiles, hierarchical graph retrieval (filters, event compensation, RWR)
+    atommem_flat   facts only: no events, profiles or graph (hybrid dense+BM25 retrieval)
+    no_graph       events and profiles, hybrid retrieval (no RWR, no event compensation)
+    no_profile     graph retrieval without profiles
+
 Policy methods run the memory environment (``envs``) with a policy: ``oracle`` (gold evidence: the
 upper bound), ``heuristic`` (no gold, no LLM), ``atommem`` (the model prompted with the AtomMem tools,
 no training) and ``checkpoint:NAME`` (a trained checkpoint, same environment).
@@ -43,10 +52,12 @@ from atommem_rl.tasks.schema import Task
 
 from .backend import Backend, Request
 
-READER_METHODS = ("full_context", "rag", "append_all", "mem0", "memagent", "roam")
+PIPELINE_METHODS = ("atommem_graph", "atommem_flat", "no_graph", "no_profile")
+READER_METHODS = ("full_context", "rag", "append_all", "mem0", "memagent", "roam") + PIPELINE_METHODS
 POLICY_METHODS = ("oracle", "heuristic", "atommem")
-ALL_METHODS = ("oracle", "heuristic", "append_all", "rag", "full_context", "mem0", "memagent", "roam", "atommem")
-LLM_METHODS = ("full_context", "rag", "append_all", "mem0", "memagent", "roam", "atommem")
+ALL_METHODS = ("oracle", "heuristic", "append_all", "rag", "full_context", "mem0", "memagent", "roam",
+               "atommem") + PIPELINE_METHODS
+LLM_METHODS = ("full_context", "rag", "append_all", "mem0", "memagent", "roam", "atommem") + PIPELINE_METHODS
 
 
 @dataclass
@@ -488,8 +499,17 @@ def run_roam(ep, backend, s, key, embedder):
         store.drop()
 
 
+def _pipeline(name: str):
+    def run(ep, backend, s, key, embedder):
+        from atommem_rl.extraction.pipeline import VARIANTS, run_pipeline  # imported when run (it imports this module)
+
+        return (yield from run_pipeline(ep, backend, s, key, embedder, VARIANTS[name]))
+
+    return run
+
+
 READERS = {"full_context": run_full_context, "rag": run_rag, "append_all": run_append_all, "mem0": run_mem0,
-           "memagent": run_memagent, "roam": run_roam}
+           "memagent": run_memagent, "roam": run_roam, **{m: _pipeline(m) for m in PIPELINE_METHODS}}
 
 
 def drive(generators: dict[Any, Any], backend: Backend | None) -> dict[Any, Any]:
