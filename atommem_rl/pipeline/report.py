@@ -1,0 +1,122 @@
+"""The quickstart's ``report.md``, ``metrics.json`` and ``training_curves.png`` (rewritten every run
+from the phase markers, so a resumed run reports the same numbers as the run that produced them)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}"
+
+
+def _pm(s: dict | None) -> str:
+    if not s or s.get("mean") is None:
+        return "-"
+    return f"{100 * s['mean']:.1f} ± {100 * s['se']:.1f}"
+
+
+def training_log(folder: Path) -> list[dict]:
+    """The log history of the last ``checkpoint-N/trainer_state.json`` in a stage folder."""
+    states = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    return json.loads(states[-1].read_text()).get("log_history", []) if states else []
+
+
+def plot_training(out: Path) -> str | None:
+    """SFT loss and GRPO reward per optimisation step (matplotlib, Agg)."""
+    from atommem_rl.eval.plots import _plt
+
+    sft = [(r["step"], r["loss"]) for r in training_log(out / "sft") if "loss" in r]
+    grpo = [(r["step"], r["reward"]) for r in training_log(out / "grpo") if "reward" in r]
+    if not sft and not grpo:
+        return None
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+    axes[0].plot([s for s, _ in sft], [v for _, v in sft], marker=".")
+    axes[0].set_title("SFT: loss per step")
+    axes[1].plot([s for s, _ in grpo], [v for _, v in grpo], marker=".", color="C1")
+    axes[1].set_title("GRPO: mean episode return per step")
+    for ax in axes:
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(out / "training_curves.png", dpi=100)
+    plt.close(fig)
+    return "training_curves.png"
+
+
+def write_quickstart_report(q, wall_seconds: float) -> Path:
+    out: Path = q.out
+    P = q.phases
+    m = P.markers
+    L = ["# AtomMem-RL quickstart report", "",
+         f"Run folder `{out}`; {'tiny random-weight model' if q.cfg.tiny else 'SmolLM2-135M-Instruct'} "
+         f"(`{q.base}`); {os.cpu_count()} CPU cores, load average at the end "
+         f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}; this invocation took {wall_seconds:.0f} s.", "",
+         "## Phases", "", "| phase | this run | seconds (when it ran) | finished |", "|---|---|---|---|"]
+    for name, mk in m.items():
+        L.append(f"| {name} | {'ran' if P.ran.get(name) else 'skipped (done)'} | {mk['seconds']:.0f} | {mk['finished']} |")
+    L.append("")
+    if "data" in m:
+        d = m["data"]["result"]
+        L += ["## Data", ""] + [f"- {k}: {v['tasks']} tasks, {v['questions']} questions (`{v['file']}`)"
+                                for k, v in d.items()] + [""]
+    curves = plot_training(out)
+    if "sft" in m or "grpo" in m:
+        L += ["## Training", ""]
+        if "sft" in m:
+            s = m["sft"]["result"]
+            L.append(f"- SFT: {s['examples']} step examples, {s['global_step']} steps, mean loss {s['train_loss']:.3f} "
+                     f"-> `{s['output_dir']}`")
+        if "grpo" in m:
+            g = m["grpo"]["result"]
+            rewards = [r["reward"] for r in training_log(out / "grpo") if "reward" in r]
+            L.append(f"- GRPO: {g['global_step']} steps, loss {g['train_loss']:.4f}, mean episode return per step "
+                     f"{', '.join(f'{x:.2f}' for x in rewards) or '-'} -> `{g['output_dir']}`")
+        if curves:
+            L += ["", f"![training curves]({curves})"]
+        L.append("")
+    if "eval" in m:
+        e = m["eval"]["result"]
+        ep = e["episodes"]
+        L += ["## Held-out evaluation (synthetic tasks)", "",
+              "EM and F1 in percent, mean ± standard error over held-out episodes (an episode's score is the mean "
+              "over its questions). Baselines: oracle (gold evidence, upper bound), heuristic (no LLM), reader "
+              "methods with the base model as reader; checkpoint:* are the memory policies in the environment "
+              "they were trained in.", "",
+              "| method | EM | F1 | evidence recall | tokens/task | s/task |", "|---|---|---|---|---|---|"]
+        for meth, by in e["results"].items():
+            r = by.get("synthetic") or {}
+            st = ep.get(meth, {})
+            L.append(f"| {meth} | {_pm(st.get('em'))} | {_pm(st.get('f1'))} | {_pct(r.get('evidence_recall'))} | "
+                     f"{r.get('tokens_per_task') or 0:,.0f} | {r.get('seconds_per_task') or 0:.2f} |")
+        diffs = {k: v for k, v in ep.items() if " - " in k}
+        if diffs:
+            L += ["", "Paired differences on the same tasks (percentage points, mean ± standard error):", ""]
+            L += [f"- {k}: EM {_pm(v['em'])}, F1 {_pm(v['f1'])}" for k, v in diffs.items()]
+        L += ["", "Plots and per-episode traces: [eval/report.md](eval/report.md), "
+              "[eval/viewer.html](eval/viewer.html)", ""]
+        L += [f"![{p}](eval/{p})" for p in e.get("plots", [])] + [""]
+    if "retrieval" in m:
+        r = m["retrieval"]["result"]
+        if "skipped" in r:
+            L += ["## LoCoMo retrieval", "", f"Skipped: {r['skipped']}", ""]
+        else:
+            cols = ["multi-hop", "temporal", "open-domain", "single-hop", "all"]
+            res = r["strategies"]
+            L += [f"## LoCoMo evidence recall@{r['k']} by retrieval strategy (%)", "",
+                  f"{r['conversations']} conversations, {res[0]['questions']} questions with evidence, "
+                  f"embedder `{r['embedder']}`; all 10 conversations: `atommem bench retrieval` (docs/BENCHMARKS.md).", "",
+                  "| strategy | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+            L += [f"| {x['strategy']} | " + " | ".join(f"{x['recall_at_k'][c]:.1f}" for c in cols) + " |" for x in res]
+            L.append("")
+    report = out / "report.md"
+    report.write_text("\n".join(L) + "\n", encoding="utf-8")
+    metrics = {"settings": asdict(q.cfg), "wall_seconds": round(wall_seconds, 1), "load_average": os.getloadavg(),
+               "phases": {n: {"ran": P.ran.get(n), "seconds": mk["seconds"], "finished": mk["finished"],
+                              "key": mk["key"], "result": mk["result"]} for n, mk in m.items()},
+               "plots": [curves] if curves else []}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+    return report

@@ -1,0 +1,99 @@
+"""``atommem quickstart --tiny``: every phase runs and writes its artefacts; a second run skips every
+phase; a GRPO phase cut short resumes from its last checkpoint-N and only what follows it reruns.
+
+Real components: the CLI, TRL's SFT and GRPO trainers on a random-weight tiny model with the real
+SmolLM2 tokenizer, the real environments and Chroma, the evaluation harness, the LoCoMo file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from .conftest import SHARED_DATA, require
+
+os.environ.setdefault("WANDB_MODE", "offline")
+LOCOMO = SHARED_DATA / "locomo" / "locomo10.json"
+PHASES = ["model", "data", "sft", "grpo", "eval", "retrieval"]
+
+
+def test_config_rejects_bad_values():
+    from atommem_rl.pipeline.quickstart import QuickstartConfig
+
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        QuickstartConfig(sft_set=["max_steps"])
+    with pytest.raises(ValueError, match="skipped"):
+        QuickstartConfig(skip=["sft"])
+    with pytest.raises(ValueError, match="heldout_tasks"):
+        QuickstartConfig(heldout_tasks=0)
+
+
+def test_mean_se_by_hand():
+    from atommem_rl.pipeline.quickstart import mean_se
+
+    s = mean_se([0.0, 1.0, 1.0, 0.0])
+    assert s["n"] == 4 and s["mean"] == 0.5
+    assert s["se"] == pytest.approx((1 / 3) ** 0.5 / 2)  # sample variance 1/3, n = 4
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
+    from atommem_rl.cli import main
+    from atommem_rl.pipeline.quickstart import Quickstart, QuickstartConfig
+
+    require(LOCOMO.exists(), f"LoCoMo file missing: {LOCOMO}")
+    out = tmp_path / "qs"
+    args = ["quickstart", "--tiny", "--out", str(out), "--locomo", str(LOCOMO), "--heldout-tasks", "2",
+            "--methods", "oracle,heuristic,rag"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1] == f"report: {out / 'report.md'}"
+
+    # every phase ran and left its artefacts
+    markers = {p: json.loads((out / "phases" / f"{p}.json").read_text()) for p in PHASES}
+    for name in ("sft_train", "grpo_train", "heldout"):
+        assert (out / "data" / f"{name}.jsonl").stat().st_size > 0
+    for stage in ("sft", "grpo"):
+        assert (out / stage / "config.json").exists() and any((out / stage).glob("*.safetensors"))
+        assert sorted(p.name for p in (out / stage).glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+        assert markers[stage]["result"]["global_step"] == 2
+    for f in ("metrics.json", "report.md", "trajectories.jsonl", "viewer.html", "accuracy_by_method.png",
+              "ops_over_training.png"):
+        assert (out / "eval" / f).stat().st_size > 0, f
+    ev = json.loads((out / "eval" / "metrics.json").read_text())
+    assert set(ev["results"]) == {"oracle", "heuristic", "rag", "checkpoint:base", "checkpoint:sft", "checkpoint:grpo"}
+    assert ev["results"]["oracle"]["synthetic"]["em"] == 1.0  # the harness scored real answers
+    eps = markers["eval"]["result"]["episodes"]
+    assert eps["oracle"]["em"] == {"n": 2, "mean": 1.0, "se": 0.0}
+    assert {"sft - base", "grpo - sft", "grpo - base"} <= set(eps)
+    assert markers["retrieval"]["result"]["strategies"][0]["questions"] > 0
+    report = (out / "report.md").read_text()
+    for text in ("## Phases", "## Training", "checkpoint:grpo", "recall@10", "eval/viewer.html", "training_curves.png"):
+        assert text in report, text
+    assert (out / "training_curves.png").stat().st_size > 0
+    top = json.loads((out / "metrics.json").read_text())
+    assert all(top["phases"][p]["ran"] for p in PHASES)
+
+    # a second run skips every phase and reports the same results
+    cfg = dict(out=str(out), tiny=True, locomo=str(LOCOMO), heldout_tasks=2, methods="oracle,heuristic,rag")
+    q = Quickstart(QuickstartConfig(**cfg))
+    q.run()
+    assert q.phases.ran == dict.fromkeys(PHASES, False)
+    assert {p: q.phases.markers[p]["stamp"] for p in PHASES} == {p: markers[p]["stamp"] for p in PHASES}
+    assert "skipped (done)" in (out / "report.md").read_text()
+
+    # GRPO interrupted after checkpoint-1 (no marker, no final model, no checkpoint-2): it resumes from
+    # checkpoint-1 and finishes step 2; what comes before is kept, what comes after reruns
+    (out / "phases" / "grpo.json").unlink()
+    shutil.rmtree(out / "grpo" / "checkpoint-2")
+    for f in (out / "grpo").glob("*.safetensors"):
+        f.unlink()
+    q = Quickstart(QuickstartConfig(**cfg, skip=["retrieval"]))
+    q.run()
+    assert q.phases.ran == {"model": False, "data": False, "sft": False, "grpo": True, "eval": True}
+    grpo = q.phases.markers["grpo"]["result"]
+    assert grpo["resumed_from"] == "last" and grpo["global_step"] == 2
+    assert (out / "grpo" / "checkpoint-2").exists()
