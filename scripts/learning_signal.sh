@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
 # Learning signal (issue 4, a benchmark, not a test): SFT then GRPO with SmolLM2-135M-Instruct on CPU on an
-# easy synthetic setting (3 documents, 1 question, no confounders), then held-out exact match of the base,
-# SFT and GRPO checkpoints over 64 held-out episodes: mean, standard error, and the paired difference
+# easy synthetic setting (3 documents, 1 question, no confounders), then held-out exact match of the
+# SFT and GRPO checkpoints over 64 held-out episodes (greedy): mean, standard error, and the paired difference
 # GRPO - SFT on the same tasks (is it beyond noise: more than 2 standard errors?).
 #
 #   bash scripts/learning_signal.sh [OUT] [extra `atommem quickstart` flags]    # default OUT checkpoints/learning_signal
 #
 # It is the quickstart pipeline (atommem_rl/pipeline/quickstart.py) with bigger settings, so it resumes
-# when rerun with the same arguments. The figures go in docs/BENCHMARKS.md ("Learning signal").
+# when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 8, 64 (about
+# an hour on 2 shared cores). The figures go in docs/BENCHMARKS.md ("Learning signal").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-checkpoints/learning_signal}
 [ $# -gt 0 ] && shift
+mkdir -p "$(dirname "$OUT")"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ANONYMIZED_TELEMETRY=False WANDB_MODE=${WANDB_MODE:-offline}
 EASY=(synth_docs=3 synth_questions=1 synth_confounders=0)
 sets=()
-for kv in "${EASY[@]}" synth_tasks=32 max_steps=${SFT_STEPS:-48} save_steps=16; do sets+=(--sft-set "$kv"); done
-for kv in "${EASY[@]}" synth_tasks=64 max_steps=${GRPO_STEPS:-24} save_steps=4 num_generations=4 \
-          per_device_train_batch_size=8 gradient_accumulation_steps=1 max_completion_length=96 learning_rate=5e-6; do
+for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8; do sets+=(--sft-set "$kv"); done
+for kv in "${EASY[@]}" synth_tasks=32 max_steps=${GRPO_STEPS:-8} save_steps=2 num_generations=4 \
+          per_device_train_batch_size=4 max_completion_length=96; do
   sets+=(--grpo-set "$kv")
 done
-.venv/bin/atommem quickstart --out "$OUT" --skip retrieval --methods oracle,heuristic --heldout-tasks 64 \
-  --heldout-seed 5000 "${sets[@]}" "$@" > "$OUT.log" 2>&1 || { tail -30 "$OUT.log"; exit 1; }
+.venv/bin/atommem quickstart --out "$OUT" --skip retrieval --methods oracle,heuristic --checkpoints sft,grpo \
+  --heldout-tasks ${HELDOUT:-64} --heldout-seed 5000 "${sets[@]}" "$@" > "$OUT.log" 2>&1 || { tail -30 "$OUT.log"; exit 1; }
 .venv/bin/python - "$OUT" <<'EOF'
 import json, sys
 m = json.load(open(f"{sys.argv[1]}/metrics.json"))

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heldout-tasks", type=int, default=d.heldout_tasks, help=f"held-out tasks (default {d.heldout_tasks})")
     p.add_argument("--heldout-seed", type=int, default=d.heldout_seed, help=f"seed of the held-out tasks (default {d.heldout_seed})")
     p.add_argument("--methods", default=BASELINES, help=f"baselines evaluated beside the checkpoints (default {BASELINES})")
+    p.add_argument("--checkpoints", default=d.checkpoints, help=f"checkpoints evaluated (default {d.checkpoints})")
     p.add_argument("--locomo", default=None, help="LoCoMo JSON file (default: $ATOMMEM_DATA_DIR or ../shared/data "
                    "next to the repository, locomo/locomo10.json)")
     p.add_argument("--conversations", type=int, default=d.conversations,
@@ -52,7 +53,8 @@ def main(args: argparse.Namespace) -> int:
     cfg = QuickstartConfig(
         out=args.out, tiny=args.tiny, force=args.force, base_model=args.base_model, sft_recipe=args.sft_recipe,
         grpo_recipe=args.grpo_recipe, sft_set=args.sft_set, grpo_set=args.grpo_set, eval_set=args.eval_set,
-        heldout_tasks=args.heldout_tasks, heldout_seed=args.heldout_seed, methods=args.methods, locomo=args.locomo,
+        heldout_tasks=args.heldout_tasks, heldout_seed=args.heldout_seed, methods=args.methods, checkpoints=args.checkpoints,
+        locomo=args.locomo,
         conversations=args.conversations, k=args.k, embedder=args.embedder,
         skip=[s.strip() for s in args.skip.split(",") if s.strip()])
     report = Quickstart(cfg).run()

@@ -71,6 +71,7 @@ class QuickstartConfig:
     heldout_tasks: int = 8
     heldout_seed: int = 1000
     methods: str = BASELINES
+    checkpoints: str = ",".join(CHECKPOINTS)
     locomo: str | None = None
     conversations: int = 2
     k: int = 10
@@ -80,6 +81,9 @@ class QuickstartConfig:
     def __post_init__(self):
         if self.heldout_tasks < 1:
             raise ValueError("heldout_tasks must be >= 1")
+        ckpts = [c.strip() for c in self.checkpoints.split(",") if c.strip()]
+        if not ckpts or set(ckpts) - set(CHECKPOINTS):
+            raise ValueError(f"checkpoints must be a non-empty subset of {','.join(CHECKPOINTS)}, got {self.checkpoints!r}")
         bad = set(self.skip) - {"retrieval", "eval"}
         if bad:
             raise ValueError(f"only the retrieval and eval phases can be skipped, got {sorted(bad)}")
@@ -242,6 +246,7 @@ class Quickstart:
         settings = self.eval_settings()
         baselines = [m.strip() for m in self.cfg.methods.split(",") if m.strip()]
         folders = {"base": self.base, "sft": self.out / "sft", "grpo": self.out / "grpo"}
+        folders = {n: p for n, p in folders.items() if n in self.cfg.checkpoints.split(",")}
         ckpts = {f"checkpoint:{n}": (lambda p=p: make_backend("hf", str(p), batch_size=settings.batch_size))
                  for n, p in folders.items()}
         methods = baselines + list(ckpts)
@@ -294,7 +299,9 @@ class Quickstart:
         P.run("grpo", {"recipe": recipes["grpo"], "set": c.grpo_set}, self.phase_grpo, deps=("sft",),
               title="GRPO from the SFT checkpoint")
         if "eval" not in c.skip:
-            P.run("eval", {"methods": c.methods, "eval_set": c.eval_set}, self.phase_eval,
+            # a non-default checkpoint list joins the key only when set, so runs made before the option resume
+            chosen = {} if c.checkpoints == ",".join(CHECKPOINTS) else {"checkpoints": c.checkpoints}
+            P.run("eval", {"methods": c.methods, "eval_set": c.eval_set, **chosen}, self.phase_eval,
                   deps=("model", "data", "sft", "grpo"), title="evaluation: base, SFT, GRPO vs baselines")
         if "retrieval" not in c.skip:
             P.run("retrieval", {"locomo": str(self.locomo), "exists": self.locomo.exists(),
