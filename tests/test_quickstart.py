@@ -39,6 +39,51 @@ def test_mean_se_by_hand():
     assert s["se"] == pytest.approx((1 / 3) ** 0.5 / 2)  # sample variance 1/3, n = 4
 
 
+def test_phases_skip_rerun_and_propagate(tmp_path):
+    """Unchanged settings skip; changed settings rerun the phase and everything downstream of it;
+    a phase that raised leaves no marker; work folders are kept for the same key, cleared otherwise."""
+    from atommem_rl.pipeline.phases import Phases
+
+    calls = []
+
+    def go(phases, a, b):
+        phases.run("a", {"x": a}, lambda: calls.append("a") or a)
+        phases.run("b", {"y": b}, lambda: calls.append("b") or b, deps=("a",))
+        return phases
+
+    go(Phases(tmp_path), 1, 1)
+    assert calls == ["a", "b"]
+    p = go(Phases(tmp_path), 1, 1)
+    assert calls == ["a", "b"] and p.ran == {"a": False, "b": False} and p.markers["b"]["result"] == 1
+    go(Phases(tmp_path), 2, 1)  # upstream changed: b reruns although its own settings did not
+    assert calls == ["a", "b", "a", "b"]
+    go(Phases(tmp_path), 2, 3)
+    assert calls[-1] == "b" and calls.count("a") == 2
+
+    p = Phases(tmp_path)
+    with pytest.raises(RuntimeError, match="boom"):
+        p.run("c", {}, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert not (tmp_path / "phases" / "c.json").exists()
+
+    def work(value):
+        p = Phases(tmp_path)
+
+        def fn():
+            d = p.work_dir("w", tmp_path / "w")
+            (d / f"file{value}").write_text("x")
+            raise RuntimeError("interrupted")  # no marker: the next attempt sees the folder again
+        with pytest.raises(RuntimeError):
+            p.run("w", {"v": value}, fn)
+        return sorted(f.name for f in (tmp_path / "w").iterdir())
+
+    assert work(1) == ["file1", "pipeline_key.txt"]
+    assert work(1) == ["file1", "pipeline_key.txt"]  # same key: kept (a trainer resumes from it)
+    assert work(2) == ["file2", "pipeline_key.txt"]  # other settings: cleared first
+    with pytest.raises(RuntimeError, match="outside"):
+        p = Phases(tmp_path / "inner")
+        p.run("z", {}, lambda: p.work_dir("z", tmp_path / "w"))
+
+
 @pytest.mark.slow
 def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
     from atommem_rl.cli import main

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -71,18 +72,22 @@ class Phases:
             self.markers[name], self.ran[name] = old, False
             return old["result"]
         self.log(f"{head}: running")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = fn()
         seconds = time.perf_counter() - t0
+        # CPU seconds of all this process's threads: on a shared machine wall time says little, and
+        # CPU time / cores bounds what the phase needs on an idle one
+        cpu = time.process_time() - c0
         finished = time.strftime("%Y-%m-%d %H:%M:%S")
         marker = {"name": name, "key": key, "stamp": settings_key({"key": key, "finished": finished}, {}),
                   "settings": settings, "deps": list(deps), "result": result, "seconds": round(seconds, 1),
+                  "cpu_seconds": round(cpu, 1), "load_average": [round(x, 1) for x in os.getloadavg()],
                   "finished": finished}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(marker, indent=2, default=str))
         tmp.replace(path)  # atomic: a marker is either whole or absent
         self.markers[name], self.ran[name] = marker, True
-        self.log(f"{head}: finished in {seconds:.0f} s")
+        self.log(f"{head}: finished in {seconds:.0f} s ({cpu:.0f} CPU s)")
         return result
 
     def work_dir(self, name: str, folder: str | Path) -> Path:

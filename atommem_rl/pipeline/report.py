@@ -55,9 +55,13 @@ def write_quickstart_report(q, wall_seconds: float) -> Path:
          f"Run folder `{out}`; {'tiny random-weight model' if q.cfg.tiny else 'SmolLM2-135M-Instruct'} "
          f"(`{q.base}`); {os.cpu_count()} CPU cores, load average at the end "
          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}; this invocation took {wall_seconds:.0f} s.", "",
-         "## Phases", "", "| phase | this run | seconds (when it ran) | finished |", "|---|---|---|---|"]
+         "## Phases", "",
+         "Wall and CPU seconds (all threads) of the run that produced each phase, and the load average when it ended.", "",
+         "| phase | this run | wall s | CPU s | load | finished |", "|---|---|---|---|---|---|"]
     for name, mk in m.items():
-        L.append(f"| {name} | {'ran' if P.ran.get(name) else 'skipped (done)'} | {mk['seconds']:.0f} | {mk['finished']} |")
+        load = mk.get("load_average")
+        L.append(f"| {name} | {'ran' if P.ran.get(name) else 'skipped (done)'} | {mk['seconds']:.0f} | "
+                 f"{mk.get('cpu_seconds', '-')} | {load[0] if load else '-'} | {mk['finished']} |")
     L.append("")
     if "data" in m:
         d = m["data"]["result"]
@@ -115,7 +119,8 @@ def write_quickstart_report(q, wall_seconds: float) -> Path:
     report = out / "report.md"
     report.write_text("\n".join(L) + "\n", encoding="utf-8")
     metrics = {"settings": asdict(q.cfg), "wall_seconds": round(wall_seconds, 1), "load_average": os.getloadavg(),
-               "phases": {n: {"ran": P.ran.get(n), "seconds": mk["seconds"], "finished": mk["finished"],
+               "phases": {n: {"ran": P.ran.get(n), "seconds": mk["seconds"], "cpu_seconds": mk.get("cpu_seconds"),
+                              "load_average": mk.get("load_average"), "finished": mk["finished"],
                               "key": mk["key"], "result": mk["result"]} for n, mk in m.items()},
                "plots": [curves] if curves else []}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
