@@ -89,6 +89,9 @@ class EnvConfig:
     tokenizer: Any = field(default=None, metadata={"help": "policy tokenizer: None/'smollm2', a path, 'words', or an object"})
     embedder: Any = field(default="hashing", metadata={"help": "embedder spec (hashing, minilm, st:PATH) or object"})
     client: Any = field(default=None, metadata={"help": "a Chroma client (default: in-memory)"})
+    write_behind: int | None = field(default=None, metadata={
+        "help": "batch this many memory writes per Chroma call (None: 64 in memory, 0 = write-through "
+                "for persistent and server backends, whose acknowledged writes must be durable)"})
     max_atom_chars: int = field(default=1000, metadata={"help": "longest atom text"})
     max_arg_chars: int = field(default=2000, metadata={"help": "longest string argument other than content"})
     shuffle_blocks: bool = field(default=False, metadata={"help": "shuffle block order with the reset seed"})
@@ -285,6 +288,16 @@ class MemoryEnv:
         self._unit_terms = {uid: set(_text.terms(u.statement())) for uid, u in self.units.items()}
         self._gold_labels = {(r.new, r.old): Relation.parse(r.label) for r in self.task.relations}
 
+    def _write_behind(self) -> int:
+        if self.config.write_behind is not None:
+            return self.config.write_behind
+        try:
+            s = self.client.get_settings()
+            ephemeral = not s.is_persistent and "fastapi" not in str(s.chroma_api_impl).lower()
+        except Exception:  # a client we do not know: keep every write durable
+            ephemeral = False
+        return 64 if ephemeral else 0
+
     # ---------------------------------------------------------------- subclass hooks
     def render_block(self, block) -> tuple[str, list[tuple[str | None, str]]]:
         """(header line, [(unit id or None, line)]) for one block."""
@@ -302,7 +315,8 @@ class MemoryEnv:
         self.store = None
         if "store" not in self.config.disable:
             ns = f"env-{os.getpid()}-{next(_ns_counter)}-{uuid.uuid4().hex[:8]}"
-            self.store = AtomStore(ns, client=self.client, embedder=self.embedder, max_chars=self.config.max_atom_chars)
+            self.store = AtomStore(ns, client=self.client, embedder=self.embedder, max_chars=self.config.max_atom_chars,
+                                   write_behind=self._write_behind())
         self.handles: dict[str, str] = {}  # handle -> atom id
         self.handle_of: dict[str, str] = {}  # atom id -> handle
         self.last_shown: dict[str, int] = {}  # atom id -> step it was last shown (eviction order)

@@ -41,3 +41,17 @@ def test_bench_memory_json_contract():
 def test_bad_arguments_are_clear_errors():
     out = atommem("bench", "memory", "--sizes", "10", "--repeats", "30", "--rwr-sizes", "")
     assert out.returncode == 2 and "too small" in out.stderr
+
+
+def test_bench_env_json_contract():
+    """Both store modes take the same actions; the paired ratio is reported (its size is a benchmark
+    figure, docs/BENCHMARKS.md, not asserted here)."""
+    out = atommem("bench", "env", "--atoms", "80", "--steps", "12", "--warmup", "2", "--tokenizer", "words",
+                  "--compare-write-through", "--json")
+    assert out.returncode == 0, out.stderr
+    r = json.loads(out.stdout)
+    assert r["atoms"] == 80 and r["steps"] == 12 and r["write_behind"] == 64
+    for fig in (r, r["write_through"]):
+        assert fig["step_ms_median"] > 0 and fig["prompt_ms"] > 0 and fig["tools_ms"] > 0
+    assert r["ratio_write_through_over_default"] == pytest.approx(
+        r["write_through"]["step_ms_median"] / r["step_ms_median"], rel=0.02)

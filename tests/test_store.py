@@ -18,9 +18,7 @@ from atommem_rl.memory.store import AtomDraft, AtomStore
 
 def chroma_state(store: AtomStore) -> dict:
     """Everything Chroma holds for the namespace, to compare before/after a failed call."""
-    got = store.collection.get(include=["documents", "metadatas", "embeddings"])
-    return {i: (d, m, tuple(round(float(x), 6) for x in e)) for i, d, m, e in
-            zip(got["ids"], got["documents"], got["metadatas"], got["embeddings"])}
+    return store.chroma_contents()
 
 
 def test_create_read_update_delete(store):

@@ -19,6 +19,17 @@ truth; the store keeps a write-through mirror of atom metadata so relation rules
 scoring never need a round trip, and reopening a namespace (another process, a restarted server)
 rebuilds the mirror from Chroma. Every method validates before it writes and updates the mirror only
 after Chroma acknowledged the write, so a failed call leaves both exactly as they were.
+
+Write-behind (``write_behind=N``, opt-in; the environments use it with the in-memory backend only,
+where nothing is durable anyway). A Chroma write costs milliseconds whatever its size, and an
+episode writes a few atoms per step, so per-write round trips dominate a step. With write-behind the
+mirror takes validated writes at once and Chroma receives them in batches: at most two calls (an
+upsert of new/re-embedded atoms, a metadata update) when N writes are pending, before any other
+Chroma call (filtered reads, events, profiles) and on ``flush()``. Unfiltered reads stay exact
+without a flush: Chroma answers for the atoms it has, the pending vectors are scored by exact cosine
+in numpy, and the two lists are merged. Flush calls are idempotent (upsert / metadata update), so a
+failed flush keeps its writes pending and can simply be retried. Acknowledged-but-pending writes are
+not durable: persistent and server backends therefore default to write-through.
 """
 
 from __future__ import annotations
@@ -111,6 +122,7 @@ class AtomStore:
         embedder: Embedder | None = None,
         max_chars: int = 4000,
         keyword_limit: int = 24,
+        write_behind: int = 0,
     ):
         if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
             raise InvalidAtomError(
@@ -123,6 +135,12 @@ class AtomStore:
         self.embedder = embedder if embedder is not None else HashingEmbedder()
         self.max_chars = int(max_chars)
         self.keyword_limit = int(keyword_limit)
+        if not isinstance(write_behind, int) or write_behind < 0:
+            raise ValueError(f"write_behind must be a non-negative int, got {write_behind!r}")
+        self.write_behind = write_behind
+        self._pending: dict[str, str] = {}  # atom id -> "new" | "full" (re-embedded) | "meta"
+        self._pending_vec: dict[str, np.ndarray] = {}  # vectors Chroma does not have yet
+        self._flush_failed = False  # the next flush must be idempotent (upsert)
         self.collection = self._chroma(
             "opening the collection",
             self.client.get_or_create_collection,
@@ -155,6 +173,13 @@ class AtomStore:
 
     # ------------------------------------------------------------------ plumbing
     def _chroma(self, what: str, fn, *args, **kwargs):
+        """Call Chroma, translating its errors; pending writes go first, so every caller (events,
+        profiles, filtered reads) sees Chroma in the mirror's state."""
+        if getattr(self, "_pending", None):
+            self.flush()
+        return self._call(what, fn, *args, **kwargs)
+
+    def _call(self, what: str, fn, *args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except MemoryStoreError:
@@ -171,6 +196,8 @@ class AtomStore:
         """Rebuild the mirror from Chroma, the source of truth. Called before the next operation after
         a transport failure, whose write the server may have applied before the connection dropped;
         if Chroma is still unreachable the mirror is left as it was and the error propagates."""
+        if self._pending:
+            self.flush()  # raises while Chroma is unreachable; the pending writes stay queued
         saved = (self._atoms, self._incoming, self._role_counts, self.clock, self._next_seq)
         self._atoms, self._incoming, self._role_counts = {}, {}, {role: 0 for role in Role}
         try:
@@ -359,6 +386,13 @@ class AtomStore:
             seen.add(aid)
             atoms.append(self._draft_to_atom(d, aid, clock))
         vectors = self.embedder.embed([a.text for a in atoms])
+        if self.write_behind:
+            for a, v in zip(atoms, vectors):
+                self._pending[a.id] = "new"
+                self._pending_vec[a.id] = np.asarray(v, dtype=np.float32)
+            self._commit_created(atoms, clock, seq)
+            self._maybe_flush()
+            return atoms
         written: list[str] = []
         try:
             for start in range(0, len(atoms), self.batch_size):
@@ -379,13 +413,57 @@ class AtomStore:
                     except Exception:  # the original error is the one worth reporting
                         pass
             raise
+        self._commit_created(atoms, clock, seq)
+        return atoms
+
+    def _commit_created(self, atoms: list[Atom], clock: int, seq: int) -> None:
         self.clock = clock
         self._next_seq = seq
         for a in atoms:
             self._atoms[a.id] = a
         self._role_counts[Role.PRIMARY] += len(atoms)
         self._touch("create", ids=[a.id for a in atoms])
-        return atoms
+
+    # ------------------------------------------------------------------ write-behind
+    def _maybe_flush(self) -> None:
+        if len(self._pending) >= self.write_behind:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send pending writes to Chroma (write-behind mode; a no-op otherwise): one ``add`` for new
+        atoms, one ``update`` for re-embedded ones, one metadata ``update`` for the rest, each split at
+        Chroma's batch limit. A failed flush keeps everything pending; the retry sends new and
+        re-embedded atoms with ``upsert``, which is idempotent whatever part had landed. (Upsert is
+        not the normal path: with new and existing ids mixed in one call, Chroma 1.5.9's HNSW index
+        missed true nearest neighbours in about 1 read in 200 in tests/test_write_behind.py.)"""
+        if not self._pending:
+            return
+        kinds = {"new": [], "full": [], "meta": []}
+        for aid, kind in self._pending.items():
+            kinds[kind].append(aid)
+        if self._flush_failed:
+            calls = [(kinds["new"] + kinds["full"], self.collection.upsert, True)]
+        else:
+            calls = [(kinds["new"], self.collection.add, True), (kinds["full"], self.collection.update, True)]
+        calls.append((kinds["meta"], self.collection.update, False))
+        self._flush_failed = True  # until every call below has been acknowledged
+        for ids_all, fn, with_text in calls:
+            for start in range(0, len(ids_all), self.batch_size):
+                ids = ids_all[start : start + self.batch_size]
+                atoms = [self._atoms[i] for i in ids]
+                payload = {"metadatas": [to_chroma_metadata(a) for a in atoms]}
+                if with_text:
+                    payload.update(documents=[a.text for a in atoms],
+                                   embeddings=np.stack([self._pending_vec[i] for i in ids]))
+                self._call("writing pending atoms", fn, ids=ids, **payload)
+        self._flush_failed = False
+        self._pending.clear()
+        self._pending_vec.clear()
+
+    @property
+    def pending(self) -> int:
+        """Writes acknowledged to the caller but not yet sent to Chroma (write-behind mode)."""
+        return len(self._pending)
 
     # ------------------------------------------------------------------ read
     def read(
@@ -422,18 +500,43 @@ class AtomStore:
         else:
             where = self.where(participants=participants, time_window=time_window, include_evidence=include_evidence)
             n_fetch = k
-        res = self._chroma(
-            "querying atoms", self.collection.query,
-            query_embeddings=np.asarray(query_embedding, dtype=np.float32).reshape(1, -1),
-            n_results=max(1, n_fetch), where=where, include=["distances"],
-        ) if self._atoms else {"ids": [[]], "distances": [[]]}
+        qvec = np.asarray(query_embedding, dtype=np.float32).reshape(1, -1)
+        if where is None and self._pending:
+            scored = self._read_with_pending(qvec, n_fetch)
+        else:
+            res = self._chroma(
+                "querying atoms", self.collection.query, query_embeddings=qvec,
+                n_results=max(1, n_fetch), where=where, include=["distances"],
+            ) if self._atoms else {"ids": [[]], "distances": [[]]}
+            scored = [(aid, 1.0 - float(dist)) for aid, dist in zip(res["ids"][0], res["distances"][0])]
         views = []
-        for aid, dist in zip(res["ids"][0], res["distances"][0]):
+        for aid, score in scored:
             atom = self._atoms.get(aid)
             if atom is not None and atom.role in allowed and len(views) < k:
-                views.append(self.view(aid, score=1.0 - float(dist)))
+                views.append(self.view(aid, score=score))
         self._touch("read", query=query[:200], ids=[v.id for v in views])
         return views
+
+    def _read_with_pending(self, qvec: np.ndarray, n_fetch: int) -> list[tuple[str, float]]:
+        """(id, cosine) best first: Chroma's neighbours among the atoms it holds current vectors for,
+        merged with exact cosine over the pending vectors (a stale Chroma vector is never used)."""
+        fresh = list(self._pending_vec)
+        in_chroma = len(self._atoms) - sum(1 for kind in self._pending.values() if kind == "new")
+        scored: list[tuple[str, float]] = []
+        n = min(n_fetch + len(fresh), in_chroma)
+        if n > 0:
+            res = self._call("querying atoms", self.collection.query, query_embeddings=qvec,
+                             n_results=n, include=["distances"])
+            scored = [(aid, 1.0 - float(d)) for aid, d in zip(res["ids"][0], res["distances"][0])
+                      if aid not in self._pending_vec]
+        if fresh:
+            m = np.stack([self._pending_vec[i] for i in fresh])
+            q = qvec[0]
+            denom = np.linalg.norm(m, axis=1) * (np.linalg.norm(q) or 1.0)
+            cos = (m @ q) / np.where(denom > 0, denom, 1.0)
+            scored.extend(zip(fresh, (float(c) for c in cos)))
+        scored.sort(key=lambda x: -x[1])
+        return scored
 
     def where(self, *, participants=None, time_window=None, include_evidence=False) -> dict:
         """The Chroma ``where`` filter for a read (one top-level key, clauses joined with $and)."""
@@ -476,14 +579,21 @@ class AtomStore:
             metadata=dict(atom.metadata),
             updated_at=clock,
         )
-        self._chroma(
-            "updating an atom", self.collection.update,
-            ids=[new.id], documents=[new.text], embeddings=self.embedder.embed([new.text]),
-            metadatas=[to_chroma_metadata(new)],
-        )
+        vector = self.embedder.embed([new.text])
+        if self.write_behind:
+            self._pending[new.id] = "new" if self._pending.get(new.id) == "new" else "full"
+            self._pending_vec[new.id] = np.asarray(vector[0], dtype=np.float32)
+        else:
+            self._chroma(
+                "updating an atom", self.collection.update,
+                ids=[new.id], documents=[new.text], embeddings=vector,
+                metadatas=[to_chroma_metadata(new)],
+            )
         self.clock = clock
         self._atoms[new.id] = new
         self._touch("update", id=new.id, previous=atom.text)
+        if self.write_behind:
+            self._maybe_flush()
         return new
 
     def delete(self, atom_id: str) -> Atom:
@@ -619,16 +729,25 @@ class AtomStore:
         """Write metadata of several atoms in one Chroma call, then commit them to the mirror."""
         if staged:
             ids = list(staged)
-            self._chroma(what, self.collection.update, ids=ids, metadatas=[to_chroma_metadata(staged[i]) for i in ids])
+            if self.write_behind:
+                for aid in ids:
+                    self._pending.setdefault(aid, "meta")
+            else:
+                self._chroma(what, self.collection.update, ids=ids,
+                             metadatas=[to_chroma_metadata(staged[i]) for i in ids])
             for aid, atom in staged.items():
                 self._role_counts[self._atoms[aid].role] -= 1
                 self._role_counts[atom.role] += 1
             self._atoms.update(staged)
         self.clock = clock
+        if self.write_behind and staged:
+            self._maybe_flush()
 
     # ------------------------------------------------------------------ lifecycle
     def drop(self) -> None:
         """Delete the namespace's collection (the episode is over)."""
+        self._pending.clear()  # nothing left to write: the collection goes
+        self._pending_vec.clear()
         self._chroma("dropping the namespace", self.client.delete_collection, COLLECTION_PREFIX + self.namespace)
         self._atoms.clear()
         self._incoming.clear()
@@ -638,6 +757,14 @@ class AtomStore:
     def snapshot(self) -> list[dict]:
         """Every atom (deleted included) as plain dicts: for trajectories, the viewer and tests."""
         return [a.to_dict() for a in sorted(self._atoms.values(), key=lambda a: a.created_at)]
+
+    def chroma_contents(self) -> dict[str, tuple]:
+        """What Chroma holds for the namespace, id -> (document, metadata, embedding rounded to 6
+        places), after pending writes: for tests that compare Chroma's state and for debugging."""
+        got = self._chroma("reading the namespace", self.collection.get,
+                           include=["documents", "metadatas", "embeddings"])
+        return {i: (d, m, tuple(round(float(x), 6) for x in e)) for i, d, m, e in
+                zip(got["ids"], got["documents"], got["metadatas"], got["embeddings"])}
 
     @staticmethod
     def now() -> str:
