@@ -119,3 +119,52 @@ def require(available: bool, why: str) -> None:
     if os.environ.get("ATOMMEM_STRICT") == "1":
         pytest.fail(f"required component missing under ATOMMEM_STRICT=1: {why}")
     pytest.skip(why)
+
+
+class JsonEndpoint:
+    """A real HTTP server on 127.0.0.1 whose POST replies come from ``reply(path, headers, body)``,
+    which returns (status, JSON-able body). Tests use it for OpenAI-compatible endpoints whose
+    model output they script (chat completions, embeddings), as TRL's tests script generations."""
+
+    def __init__(self, reply):
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                status, out = reply(self.path, self.headers, body)
+                data = json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def __enter__(self) -> "JsonEndpoint":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def chat_reply(content: str, prompt_tokens: int = 0, completion_tokens: int = 0) -> tuple[int, dict]:
+    """An OpenAI chat-completions response body with ``content`` and usage counts."""
+    return 200, {"choices": [{"message": {"content": content}}],
+                 "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}}

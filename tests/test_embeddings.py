@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ from atommem_rl.memory.embeddings import (
 from atommem_rl.memory.errors import StoreUnavailableError
 from atommem_rl.memory.store import AtomStore
 
-from .conftest import REPO, free_port
+from .conftest import REPO, JsonEndpoint
 
 
 def test_hashing_is_deterministic_across_processes():
@@ -60,35 +58,25 @@ def test_store_with_minilm_reopens_with_its_embedder(minilm, namespace):
     assert again.read("What did Melanie run for?", k=1)[0].atom.text.startswith("Melanie ran")
 
 
-class _EmbeddingsHandler(BaseHTTPRequestHandler):
-    model: SentenceTransformerEmbedder
+def _embeddings_reply(model):
+    """An OpenAI-compatible /v1/embeddings endpoint backed by a real model; data comes back reversed
+    (the client must restore order by index) and a wrong key is refused."""
 
-    def do_POST(self):  # noqa: N802 - http.server API
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        if self.path != "/v1/embeddings" or self.headers.get("Authorization") != "Bearer test-key":
-            self.send_response(401)
-            self.end_headers()
-            return
-        vecs = self.model.embed(body["input"])
+    def reply(path, headers, body):
+        if path != "/v1/embeddings" or headers.get("Authorization") != "Bearer test-key":
+            return 401, {"error": "unauthorized"}
+        vecs = model.embed(body["input"])
         data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vecs)]
-        payload = json.dumps({"object": "list", "data": data[::-1], "model": body["model"]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        return 200, {"object": "list", "data": data[::-1], "model": body["model"]}
 
-    def log_message(self, *args):
-        pass
+    return reply
 
 
 def test_openai_compatible_endpoint(minilm, monkeypatch, namespace):
-    handler = type("H", (_EmbeddingsHandler,), {"model": minilm})
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = JsonEndpoint(_embeddings_reply(minilm))
     try:
         monkeypatch.setenv("ATOMMEM_TEST_KEY", "test-key")
-        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        url = server.url
         remote = OpenAIEmbedder(url, "all-MiniLM-L6-v2", api_key_env="ATOMMEM_TEST_KEY", batch_size=2)
         texts = ["one fact", "another fact", "a third fact"]
         assert np.allclose(remote.embed(texts), minilm.embed(texts), atol=1e-5)  # order restored by index
@@ -100,4 +88,4 @@ def test_openai_compatible_endpoint(minilm, monkeypatch, namespace):
         with pytest.raises(StoreUnavailableError):
             remote.embed(["x"])
     finally:
-        server.shutdown()
+        server.close()

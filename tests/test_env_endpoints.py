@@ -9,10 +9,7 @@ model answer equals a gold answer. So the expected reward is known without a mod
 
 from __future__ import annotations
 
-import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -21,31 +18,13 @@ from atommem_rl.rollout import run_rollouts
 from atommem_rl.tasks.synth import generate_task
 from envs.parser import format_tool_call as tc
 
+from .conftest import JsonEndpoint, chat_reply
 
-class ScriptedEndpoint:
+
+class ScriptedEndpoint(JsonEndpoint):
     def __init__(self, gold: dict[str, str]):
-        self.gold, self.requests = gold, []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append(body)
-                text = outer.reply(body["messages"])
-                out = json.dumps({"choices": [{"message": {"content": text}}],
-                                  "usage": {"prompt_tokens": 50, "completion_tokens": 5}}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *a):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+        self.gold = gold
+        super().__init__(lambda path, headers, body: chat_reply(self.reply(body["messages"]), 50, 5))
 
     def reply(self, messages: list[dict]) -> str:
         user = messages[-1]["content"]
@@ -58,9 +37,6 @@ class ScriptedEndpoint:
             answer = self.gold[qid] if qid == "Q1" else "no idea"
             return tc("answer", {"answer": answer})
         return tc("create_memory", {"content": "A fact from this chunk."})
-
-    def close(self):
-        self.server.shutdown()
 
 
 @pytest.fixture

@@ -249,40 +249,22 @@ def test_real_subsets_every_method(tmp_path, tiny):
 
 def test_openai_backend_counts_endpoint_usage(tmp_path):
     """The OpenAI-compatible path against a real local HTTP server that replies with fixed text."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from atommem_rl.eval.backend import make_backend
 
-    seen = []
+    from .conftest import JsonEndpoint, chat_reply
 
-    class H(BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            out = json.dumps({"choices": [{"message": {"content": "Paris"}}],
-                              "usage": {"prompt_tokens": 100, "completion_tokens": 2}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
-
-        def log_message(self, *a):
-            pass
-
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = JsonEndpoint(lambda path, headers, body: chat_reply("Paris", 100, 2))
+    seen = srv.requests
     try:
         from envs.tokens import DEFAULT_CACHE
 
-        b = make_backend("openai", base_url=f"http://127.0.0.1:{srv.server_port}/v1", model_name="policy",
+        b = make_backend("openai", base_url=srv.url, model_name="policy",
                          tokenizer=str(DEFAULT_CACHE))
         tasks = _small()
         m = evaluate({"synth": tasks}, ["rag"], tmp_path, backend=b, settings=EvalSettings(viewer_tasks=0),
                      log=lambda *_: None)
     finally:
-        srv.shutdown()
+        srv.close()
     r = m["results"]["rag"]["synth"]
     n_q = len(tasks[0].questions)
     assert r["llm_calls_per_task"] == n_q and r["prompt_tokens_per_task"] == 100 * n_q
