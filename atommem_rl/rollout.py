@@ -113,7 +113,8 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
         failures.setdefault(key, []).append({
             "attempt": attempt, "error": str(exc), "url": exc.url or url, "operation": exc.operation, "step": step,
             "namespace": store.namespace if store is not None else None,
-            # the mirror holds exactly the writes Chroma acknowledged (the store updates it only after)
+            # write-through (the server backends' mode), the mirror holds exactly the writes Chroma
+            # acknowledged: the store updates it only after Chroma answered
             "memory": env.memory_snapshot() if env is not None and record_prompts else None,
         })
         if env is not None:
@@ -179,7 +180,11 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
         rec.setdefault("em", 0.0)
         rec.setdefault("f1", 0.0)
         rec["memory"] = env.memory_snapshot() if record_prompts else None
-        if keep_memory:
+        if keep_memory and env.store is not None:
+            try:  # a store in write-behind mode holds writes Chroma has not seen yet
+                getattr(env.store, "flush", lambda: None)()
+            except StoreUnavailableError as exc:
+                rec["keep_memory_error"] = str(exc)
             env.store = None  # MemoryEnv.close drops the namespace; detached, it stays in Chroma
         env.close()
         policy.end(key)
