@@ -205,6 +205,7 @@ def _pipeline_reply(system: str, user: str) -> str:
     return "Paris"
 
 
+@pytest.mark.slow
 def test_pipeline_methods_store_verify_and_count_every_call(tmp_path):
     tasks = generate_tasks(2, seed=7, kind="dialogue", docs=6, questions=3, confounders=1)
     backend = ScriptedBackend(_pipeline_reply)
@@ -247,15 +248,16 @@ def tiny(tmp_path_factory):
                       intermediate_size=64)
 
 
+@pytest.mark.slow
 def test_four_methods_through_atommem_eval_on_locomo(tmp_path, tiny):
     from atommem_rl.tasks.prepare import prepare_locomo
 
     lc = prepare_locomo(SHARED_DATA / "locomo" / "locomo10.json", limit=1)
     save_tasks(lc[:1], tmp_path / "locomo.jsonl")
     out = tmp_path / "eval"
-    r = _cli("eval", "--tasks", str(tmp_path / "locomo.jsonl"), "--max-blocks", "2", "--methods",
+    r = _cli("eval", "--tasks", str(tmp_path / "locomo.jsonl"), "--max-blocks", "1", "--methods",
              ",".join(PIPELINE_METHODS), "--model", str(tiny), "--out", str(out), "--reader-max-new-tokens", "4",
-             "--context-tokens", "2048")
+             "--policy-max-new-tokens", "8", "--chunk-tokens", "256", "--context-tokens", "2048")
     assert r.returncode == 0, r.stderr[-3000:]
     m = json.loads((out / "metrics.json").read_text())
     rows = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]

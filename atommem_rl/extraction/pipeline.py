@@ -19,7 +19,10 @@ Per task, block by block (a dialogue session or a document), in stream order:
 Variants (``VARIANTS``): ``atommem_graph`` (everything), ``atommem_flat`` (facts only: no events,
 profiles or graph), ``no_graph`` (events and profiles, hybrid retrieval: no RWR, no event
 compensation), ``no_profile`` (graph retrieval, no profiles). Every call (extraction, retries,
-verification, answering) goes through the eval backend and is counted per task.
+verification, answering) goes through the eval backend and is counted per task. Settings from
+``EvalSettings`` (so ``atommem eval`` flags): the extractor's output budget is
+``--policy-max-new-tokens`` and its window at most ``--chunk-tokens`` tokens (and 8 turns); answers
+use ``--retrieval-k`` facts and ``--reader-max-new-tokens``.
 """
 
 from __future__ import annotations
@@ -91,7 +94,8 @@ def run_pipeline(ep, backend, s, key, embedder, variant: Variant, xs: ExtractSet
     from atommem_rl.memory.profiles import ProfileLayer
     from atommem_rl.memory.retrieval import retrieve
 
-    xs = xs or ExtractSettings()
+    # the extractor is the memory-writing model: it gets the policy's output budget and chunk size
+    xs = xs or ExtractSettings(max_new_tokens=s.policy_max_new_tokens, window_tokens=s.chunk_tokens)
     vs = vs or V.VerifySettings()
     task = ep.task
     store = _new_store(s, embedder)
