@@ -690,13 +690,26 @@ class MemoryEnv:
             if len(pending) != 1:
                 raise ToolError("answer: question_id is required when several questions are open")
             qid = pending[0].id
-        qid = qid.strip().upper() if qid.strip().upper().startswith("Q") else "Q" + qid.strip()
+        qid = self._question_id(qid)
         if qid not in {q.id for q in pending}:
             if qid in self.answers:
                 raise ToolError(f"{qid} was already answered")
             raise ToolError(f"no open question {_clip(qid, 20)!r}; open: {', '.join(q.id for q in pending)}")
         self.answers[qid] = args["answer"].strip()[:500]
         return {"message": f"answer to {qid} recorded", "question_id": qid}
+
+    def _question_id(self, given: str) -> str:
+        """The task's own id for what the policy wrote: exact, then case-insensitive, then with the
+        "Q" prefix the prompt shows added ("1" -> "Q1"); anything else is returned as given."""
+        given = given.strip()
+        ids = [q.id for q in self.task.questions]
+        if given in ids:
+            return given
+        folded = {i.casefold(): i for i in ids}
+        for cand in (given, "q" + given):
+            if cand.casefold() in folded:
+                return folded[cand.casefold()]
+        return given
 
     def _pending_questions(self):
         open_qs = [q for q in self.task.questions if q.id not in self.answers]

@@ -85,3 +85,21 @@ def test_policy_endpoint_down_is_a_clear_error(task):
     policy = ModelPolicy(backend="openai", base_url="http://127.0.0.1:9/v1", model_name="scripted")
     with pytest.raises(ConnectionError, match="policy endpoint http://127.0.0.1:9/v1/chat/completions failed"):
         policy.act([(0, [{"role": "user", "content": "hi"}], None)])
+
+
+def test_question_ids_match_whatever_their_case():
+    """Task files may use lower-case ids (q1): the answer tool finds them as written, in any case,
+    or as a bare number."""
+    from envs.documents import DocumentEnv
+
+    t = generate_task(0, 3, docs=2, questions=3, confounders=0)
+    for i, q in enumerate(t.questions):
+        q.id = f"q{i + 1}"
+    env = DocumentEnv(t, tokenizer="words", max_answer_steps=3)
+    env.reset(seed=0)
+    while env.phase == "chunks":
+        env.step("")
+    _, _, _, _, info = env.step(tc("answer", {"question_id": "Q1", "answer": "a"})
+                                + tc("answer", {"question_id": "q2", "answer": "b"})
+                                + tc("answer", {"question_id": "3", "answer": "c"}))
+    assert env.answers == {"q1": "a", "q2": "b", "q3": "c"} and env.done
