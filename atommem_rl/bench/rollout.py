@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 
@@ -125,7 +126,11 @@ def bench_backend(backend: str, args, model_path: str, tasks, env_config: dict) 
 
         # warm-up (not measured): one episode's first steps pay allocator and kernel warm-up
         run_rollouts(tasks[:1], policy, env_config, batch_size=1, seed=args.seed, record_prompts=False)
-        runs = [measure(policy, tasks, env_config, args.batch_size, args.seed) for _ in range(args.repeats)]
+        runs = []
+        for i in range(args.repeats):
+            runs.append(measure(policy, tasks, env_config, args.batch_size, args.seed))
+            print(f"bench rollout: {backend} run {i + 1}/{args.repeats}: {runs[-1]['wall_s']:.1f} s, "
+                  f"{runs[-1]['completion_tokens_per_s']:.1f} completion tokens/s", file=sys.stderr, flush=True)
     finally:
         close = getattr(policy, "close", None)
         if close is not None:
