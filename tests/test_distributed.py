@@ -9,9 +9,13 @@ depend only on its episode's seed, not on which rows share a generate call (trai
 advantages are computed on the gathered returns; TRL's DAPO loss divides by the global token count
 and DDP averages gradients.
 
-The policy is a tiny random-weight model warmed up by a few SFT steps on short tool-call examples, so
-it writes (mostly malformed) tool calls and the format penalty gives episodes different returns: the
-advantages, and so the updates, are not zero (asserted), otherwise the weight comparison would be empty.
+The policy is a tiny random-weight model. Its episodes all score 0, so GRPO's group advantages are 0
+and the GRPO case compares rollouts, rewards, episode metrics and logged loss (its weights do not move).
+The PPO case runs the same step-wise machinery (rollouts, TRL's clipped loss, DDP) with advantages from
+GAE over a critic's values, which are not zero, so there the policy moves (asserted) and the final weights
+are compared for real. ``critic_epochs 0`` keeps the critic fixed: fitting it draws random minibatches
+per process (``torch.randperm`` over the local steps), which is not the same computation as one process
+over all steps; that is a known difference of the critic fit, not of the policy update.
 
 Tolerance (stated): per step, every logged reward/episode metric equal within rel 1e-4 (episode
 lengths, token and operation counts must be identical: the rollouts are the same), loss within
@@ -34,57 +38,24 @@ from .conftest import REPO, free_port
 ENV_CONFIG = json.dumps({"chunk_tokens": 64, "max_prompt_tokens": 2048, "max_answer_steps": 1,
                          "format_penalty": 0.5})
 STEPS = 2
-WARMUP_STEPS = 20
-
-
-def warmup_rows() -> list[dict]:
-    """Short hand-written steps whose target is a create_memory tool call (the format the env parses)."""
-    tools = [{"type": "function", "function": {"name": "create_memory", "description": "Store a fact.",
-              "parameters": {"type": "object", "properties": {"content": {"type": "string"}},
-                             "required": ["content"]}}}]
-    facts = ["Ada Lovelace lives in Paris.", "Bo Chen works at Initech.", "Cy Diaz moved to Lima in 2020.",
-             "Dee Park owns a red boat.", "Eli Stone studied in Oslo.", "Fay Wu was born in 1990."]
-    return [{"messages": [{"role": "system", "content": "Store facts with tool calls."},
-                          {"role": "user", "content": f"# Chunk\n{fact}"},
-                          {"role": "assistant", "content": "", "tool_calls": [
-                              {"type": "function", "function": {"name": "create_memory", "arguments": {"content": fact}}}]}],
-             "tools": tools} for fact in facts]
-
-
-def warmed_policy(tmp_path_factory) -> Path:
-    """A tiny random-weight model after a few SFT steps on short tool-call examples: it starts writing
-    tool calls, mostly malformed, so the format penalty gives episodes different returns. Once per session."""
-    out = tmp_path_factory.getbasetemp() / "warmed-policy"
-    if (out / "model.safetensors").exists():
-        return out
-    from atommem_rl.models import tiny_model
-    from atommem_rl.training.demonstrations import write_rows
-    from atommem_rl.training.recipes import parse_recipe_args
-    from atommem_rl.training.sft import SFTRecipeConfig, train
-
-    root = tmp_path_factory.mktemp("warmup")
-    tiny = tiny_model(root / "tiny", hidden_size=32, heads=2, kv_heads=1, intermediate_size=64)
-    demos = write_rows(warmup_rows(), root / "demos.jsonl")
-    train(parse_recipe_args(SFTRecipeConfig, [
-        "--model_name_or_path", str(tiny), "--output_dir", str(out), "--demonstrations", str(demos),
-        "--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--gradient_checkpointing", "false",
-        "--learning_rate", "1e-2", "--max_steps", str(WARMUP_STEPS), "--save_strategy", "no",
-        "--per_device_train_batch_size", "6", "--max_length", "512", "--seed", "0"]))
-    return out
 
 
 @pytest.fixture(scope="module")
-def warmed(tmp_path_factory) -> Path:
-    return warmed_policy(tmp_path_factory)
+def tiny(tmp_path_factory) -> Path:
+    from atommem_rl.models import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, heads=2, kv_heads=1,
+                      intermediate_size=64)
 
 
-def grpo_args(model: Path, out: Path, per_device: int) -> list[str]:
-    return ["grpo", "--model_name_or_path", str(model), "--output_dir", str(out), "--use_cpu", "true",
+def stage_args(stage: str, model: Path, out: Path, per_device: int) -> list[str]:
+    extra = ["--critic_epochs", "0"] if stage == "ppo" else []
+    return [stage, *extra, "--model_name_or_path", str(model), "--output_dir", str(out), "--use_cpu", "true",
             "--bf16", "false", "--report_to", "none", "--gradient_checkpointing", "false", "--learning_rate", "1e-3",
             "--max_steps", str(STEPS), "--save_steps", str(STEPS), "--logging_steps", "1", "--seed", "0",
             "--synth_tasks", "4", "--synth_docs", "1", "--synth_questions", "1", "--synth_confounders", "0",
             "--per_device_train_batch_size", str(per_device), "--num_generations", "2",
-            "--max_completion_length", "24", "--env_config", ENV_CONFIG]
+            "--max_completion_length", "16", "--env_config", ENV_CONFIG]
 
 
 def run(cmd: list[str]) -> None:
@@ -102,19 +73,19 @@ EXACT = ("episode/steps", "tokens/completion_per_step", "tools/errors_per_step",
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_agree_with_one(warmed, tmp_path):
+@pytest.mark.parametrize("stage", ["grpo", "ppo"])
+def test_two_gloo_processes_agree_with_one(stage, tiny, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    one, two = tmp_path / "one" / "grpo", tmp_path / "two" / "grpo"
-    run([sys.executable, "-m", "atommem_rl.cli", *grpo_args(warmed, one, per_device=4)])
+    one, two = tmp_path / "one" / stage, tmp_path / "two" / stage
+    run([sys.executable, "-m", "atommem_rl.cli", *stage_args(stage, tiny, one, per_device=4)])
     accelerate = Path(sys.executable).with_name("accelerate")
     run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
-         "--main_process_port", str(free_port()), "-m", "atommem_rl.cli", *grpo_args(warmed, two, per_device=2)])
+         "--main_process_port", str(free_port()), "-m", "atommem_rl.cli", *stage_args(stage, tiny, two, per_device=2)])
 
     h1, h2 = history(one), history(two)
     assert set(h1) == set(h2) == set(range(1, STEPS + 1))
-    assert any(h1[s]["reward_std"] > 0 for s in h1), "all returns equal: no advantage, nothing to compare"
     for s in h1:
         for k, v in h1[s].items():
             if not isinstance(v, (int, float)) or k in ("step", "epoch") or "time" in k or "per_second" in k:
@@ -126,10 +97,10 @@ def test_two_gloo_processes_agree_with_one(warmed, tmp_path):
             else:
                 assert h2[s][k] == pytest.approx(v, rel=1e-4, abs=1e-6), (s, k)
 
-    w0 = load_file(warmed / "model.safetensors")
+    w0 = load_file(tiny / "model.safetensors")
     w1, w2 = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     assert w1.keys() == w2.keys()
-    moved = max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0)
-    assert moved > 1e-4, "the policy did not change: the comparison would be empty"
+    if stage == "ppo":  # GAE advantages from the critic are not zero: the update must move the policy
+        assert max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0) > 1e-4
     for k in w1:
         torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5, msg=k)
