@@ -85,11 +85,18 @@ def check_files(folder: Path) -> None:
             _check_torch_zip(f)
 
 
+def _sharded_engine_state(p: Path) -> bool:
+    """DeepSpeed (``global_stepN/``, ``latest``) or FSDP (``pytorch_model_fsdp_*``) saved the weights
+    in their own sharded layout, which Trainer loads through the engine."""
+    return (p / "latest").is_file() or any(d.is_dir() and (d.name.startswith("global_step") or "fsdp" in d.name)
+                                           for d in p.iterdir())
+
+
 def check_model(path: str | os.PathLike) -> Path:
     """A model or LoRA adapter folder that will load: config, weights present and intact."""
     p = check_checkpoint(path)
     check_files(p)
-    if not any((p / w).exists() for w in WEIGHT_FILES):
+    if not any((p / w).exists() for w in WEIGHT_FILES) and not _sharded_engine_state(p):
         raise CheckpointError(f"model checkpoint {p} has no weights (none of {', '.join(WEIGHT_FILES)})")
     index = p / "model.safetensors.index.json"
     if index.exists():
