@@ -93,3 +93,23 @@ def _batch(policy, ids):
     pad = policy.tok.pad_token_id
     return {"input_ids": torch.tensor([[pad] * (width - len(x)) + x for x in ids]),
             "attention_mask": torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])}
+
+
+def test_grpo_step_with_vllm_colocate(tiny, tmp_path):
+    """One step-wise GRPO step whose rollouts TRL generates with vLLM colocated (vllm_mode colocate)."""
+    from atommem_rl.training.grpo import GRPORecipeConfig, build_trainer
+
+    cfg = GRPORecipeConfig(
+        model_name_or_path=str(tiny), output_dir=str(tmp_path / "grpo"), use_cpu=True, bf16=False,
+        per_device_train_batch_size=4, num_generations=2, max_completion_length=16, max_steps=1, logging_steps=1,
+        save_steps=10, report_to="none", gradient_checkpointing=False, learning_rate=1e-3, synth_tasks=2,
+        synth_docs=1, synth_questions=1, synth_confounders=0,
+        env_config={"chunk_tokens": 64, "max_prompt_tokens": 2048, "max_answer_steps": 1}, seed=0,
+        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1, vllm_max_model_length=4096)
+    trainer = build_trainer(cfg)
+    assert trainer.use_vllm and trainer.vllm_generation.llm is not None  # the engine lives in this process
+    trainer.train()
+    assert trainer.state.global_step == 1
+    logs = trainer.state.log_history[0]
+    assert logs["episode/crashes"] == 0 and logs["episode/steps"] == 2.0  # a chunk step and an answer step
+    assert logs["tokens/completion_per_step"] > 0
