@@ -143,6 +143,8 @@ def main(args) -> int:
     from atommem_rl.policies.model import default_model_path
     from atommem_rl.tasks.synth import generate_tasks
 
+    # vLLM logs to stdout by default: keep stdout for the figures (set before vllm is imported)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     if args.tasks < 1 or args.repeats < 1 or args.batch_size < 1 or args.max_new_tokens < 1:
         raise ValueError("--tasks, --repeats, --batch-size and --max-new-tokens must be at least 1")
     backends = _backends(args.backends)
