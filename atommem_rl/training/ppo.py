@@ -167,8 +167,12 @@ class StepwisePPOTrainer(StepwiseGRPOTrainer):
         if mode == "train" and self.critic_epochs > 0 and prompts:
             loss = self._fit_critic(prompts, torch.tensor(flat_returns, device=device),
                                     torch.tensor(values, device=device))
-            self._metrics[mode]["critic/value_loss"].append(loss)
-        self._metrics[mode]["critic/value_mean"].append(sum(values) / max(len(values), 1))
+            # logged by the main process: the mean over all processes, as for the rewards
+            self._metrics[mode]["critic/value_loss"].append(
+                self.accelerator.gather(torch.tensor([loss], device=device)).mean().item())
+        # the mean over every process's steps (a local mean would log rank 0's half only)
+        total = self.accelerator.gather(torch.tensor([sum(values), float(len(values))], device=device)).view(-1, 2).sum(0)
+        self._metrics[mode]["critic/value_mean"].append((total[0] / total[1].clamp(min=1.0)).item())
         if self.whiten and flat_adv:
             stats = self.accelerator.gather(torch.tensor([sum(flat_adv), sum(a * a for a in flat_adv),
                                                           float(len(flat_adv))], device=device)).view(-1, 3).sum(0)
