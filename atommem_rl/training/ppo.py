@@ -183,11 +183,14 @@ class StepwisePPOTrainer(StepwiseGRPOTrainer):
 
 
 def build_critic(config: PPORecipeConfig):
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification, set_seed
 
     from ..models import check_checkpoint
 
     path = check_checkpoint(config.value_model or config.model_name_or_path)
+    # the scalar head is new: initialise it from the run's seed (it was built before Trainer seeds the
+    # RNG, so two runs with one seed, or 1 and 2 processes, started from different critics)
+    set_seed(config.seed)
     critic = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
     if critic.config.pad_token_id is None:
         critic.config.pad_token_id = critic.config.eos_token_id
