@@ -289,3 +289,4 @@ def test_extractor_recipe_sft_steps_and_bench(tmp_path, tiny):
     assert r.returncode == 0, r.stderr[-3000:]
     b = json.loads(r.stdout.strip().splitlines()[-1])
     assert b["gold"] > 0 and b["extractor"]["windows"] > 0 and b["usage"]["calls"] >= b["extractor"]["windows"]
+    assert b["usage"]["prompt_tokens"] > 0 and b["usage"]["calls"] == b["extractor"]["calls"]

@@ -52,8 +52,8 @@ def main(args) -> int:
     stats: dict[str, int] = {}
     for res in results:
         add_stats(stats, res)
-    usage = {k: sum(backend.take_usage(("extract", i))[k] for i in range(len(tasks)))
-             for k in ("calls", "prompt_tokens", "completion_tokens", "cut_prompts")}
+    per_task = [backend.take_usage(("extract", i)) for i in range(len(tasks))]  # take_usage pops: once per task
+    usage = {k: sum(u[k] for u in per_task) for k in ("calls", "prompt_tokens", "completion_tokens", "cut_prompts")}
     out = {"model": backend.model_name, "tasks": len(tasks), "seed": args.seed, "docs": args.docs, **figures,
            "extractor": stats, "usage": usage, "seconds": round(seconds, 1)}
     if args.samples:
