@@ -100,6 +100,7 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
                 "crashed": False, "skipped": False, "attempts": attempt + 1, "started": time.perf_counter()}
 
     def finish(key: int, rec: dict) -> None:
+        rec["key"] = key  # the task's index in this call (records arrive in finishing order)
         rec["failures"] = failures.pop(key, [])
         done.append(rec)
         if on_episode is not None:

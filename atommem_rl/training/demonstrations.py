@@ -200,10 +200,14 @@ def generate(tasks: list, policy: str = "oracle", policy_kwargs: dict | None = N
         trajs = run_rollouts(todo, make_policy(policy, **(policy_kwargs or {})), env_config,
                              batch_size=batch_size, seed=seed + 100_003 * s)
         for tr in trajs:
+            if tr.get("skipped"):  # a store outage outlasted the retries: no episode ran
+                continue
             episodes += 1
             score = float(tr.get("score") or 0.0)
             scores.append(score)
-            if not tr.get("crashed") and (min_reward is None or score >= min_reward):
+            if tr.get("crashed"):
+                continue
+            if min_reward is None or score >= min_reward:
                 kept[tr["task_id"]] = tr
                 pending.pop(tr["task_id"], None)
     rows = [r for t in tasks if t.id in kept for r in rows_from_trajectory(kept[t.id])]

@@ -110,12 +110,10 @@ class TrainerPolicy(Policy):
         self.seed = seed  # episode `key` resets with seed + key (rollout.run_rollouts)
         self.tok = trainer.processing_class
         self.steps: dict[Any, list[tuple[list[int], list[int], list[float] | None]]] = {}
-        self.order: list[Any] = []
         self.ended: list[Any] = []
 
     def start(self, key, task) -> None:
-        self.steps[key] = []
-        self.order.append(key)
+        self.steps[key] = []  # a retried attempt starts its steps again
 
     def end(self, key) -> None:
         self.ended.append(key)
@@ -236,12 +234,13 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                      batch_size=self.rollout_batch_size or len(tasks), seed=seed, record_prompts=False,
                      on_episode=finished.append)
         policy.drain()
-        # the runner opens episodes in task order with keys 0..n-1 and calls policy.end(key) right
-        # before it reports that episode's trajectory, so ``ended`` and ``finished`` pair up
-        by_key = dict(zip(policy.ended, finished, strict=True))
-        recs = [by_key[k] for k in policy.order]
+        # records carry the task's key (0..n-1). An attempt that failed on a store outage was
+        # restarted under the same key (policy.start reset its steps), and a task skipped after its
+        # retries has a record without steps: it scores 0 and gives no samples
+        by_key = {r["key"]: r for r in finished}
+        recs = [by_key[k] for k in range(len(tasks))]
         # a step that crashed the environment has no trajectory record: it is not a sample
-        return recs, [policy.steps[k][: len(by_key[k]["steps"])] for k in policy.order]
+        return recs, [policy.steps.get(k, [])[: len(by_key[k]["steps"])] for k in range(len(tasks))]
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         device = self.accelerator.device
