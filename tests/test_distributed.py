@@ -9,8 +9,8 @@ depend only on its episode's seed, not on which rows share a generate call (trai
 advantages are computed on the gathered returns; TRL's DAPO loss divides by the global token count
 and DDP averages gradients.
 
-The policy is a tiny random-weight model; one optimiser step is compared (STEPS below says why). Its
-and the GRPO case compares rollouts, rewards, episode metrics and logged loss (its weights do not move).
+The policy is a tiny random-weight model; one optimiser step is compared (STEPS below says why). The
+GRPO case compares rollouts, rewards, episode metrics, logged loss and the weights after the step.
 The PPO case runs the same step-wise machinery (rollouts, TRL's clipped loss, DDP) with advantages from
 GAE over a critic's values, which are not zero, so there the policy moves (asserted) and the final weights
 are compared for real. ``critic_epochs 0`` keeps the critic fixed: fitting it draws random minibatches
