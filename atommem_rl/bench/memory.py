@@ -119,11 +119,11 @@ def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict
     fresh_meta = [to_chroma_metadata(a) for a in _as_atoms(store0, fresh)]
 
     def upd_meta(a: Atom, i: int) -> dict:
-        return to_chroma_metadata(dataclasses.replace(a, text=fresh[i].text, history=[HistoryEntry(a.text, 0)]))
+        return to_chroma_metadata(dataclasses.replace(a, text=fresh[i].text, history=[HistoryEntry(a.text, 0)]), for_update=True)
 
     def rel_meta(new: Atom, old: Atom) -> list[dict]:
-        return [to_chroma_metadata(dataclasses.replace(new, relations={old.id: Relation.CONFLICT})),
-                to_chroma_metadata(dataclasses.replace(old, role=Role.EVIDENCE))]
+        return [to_chroma_metadata(dataclasses.replace(new, relations={old.id: Relation.CONFLICT}), for_update=True),
+                to_chroma_metadata(dataclasses.replace(old, role=Role.EVIDENCE), for_update=True)]
 
     measure("create",
             lambda st, ids, i: st.create(fresh[i].text, participants=fresh[i].participants, time=fresh[i].time),
@@ -149,7 +149,7 @@ def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict
     measure("delete",
             lambda st, ids, i: st.delete(ids[i]),
             lambda raw, atoms, i: raw.update(ids=[atoms[i].id],
-                                             metadatas=[to_chroma_metadata(dataclasses.replace(atoms[i], role=Role.DELETED))]))
+                                             metadatas=[to_chroma_metadata(dataclasses.replace(atoms[i], role=Role.DELETED), for_update=True)]))
     for op in out.values():
         op["atoms"] = n_atoms
     return out

@@ -188,7 +188,26 @@ _P = "_am_"
 RESERVED_PREFIX = _P
 
 
-def to_chroma_metadata(atom: Atom) -> dict[str, Any]:
+# the reserved key an atom can lose over its life: its relations, when a pair is relabelled the other
+# way (the store never removes participants, keywords, events, sources, time or history). Only this
+# one is sent as None: deleting list-valued keys the same way left Chroma 1.5.9's metadata index
+# matching a later ``$contains`` filter on an atom without the key, in another collection (seen in
+# tests/test_store.py::test_filters_by_participant_and_time run after tests/test_write_behind.py).
+_OPTIONAL_KEYS = (_P + "relations",)
+
+
+def to_chroma_metadata(atom: Atom, *, for_update: bool = False) -> dict[str, Any]:
+    """The atom's Chroma metadata. ``for_update``: Chroma's ``update`` merges metadata (a key left out
+    keeps its old value), so absent optional keys are sent as None, which deletes them; ``add`` and
+    ``upsert`` of a new id refuse None values."""
+    meta = _metadata(atom)
+    if for_update:
+        for key in _OPTIONAL_KEYS:
+            meta.setdefault(key, None)
+    return meta
+
+
+def _metadata(atom: Atom) -> dict[str, Any]:
     meta: dict[str, Any] = dict(atom.metadata)
     meta[_P + "role"] = atom.role.value
     meta[_P + "created"] = atom.created_at

@@ -441,17 +441,19 @@ class AtomStore:
         kinds = {"new": [], "full": [], "meta": []}
         for aid, kind in self._pending.items():
             kinds[kind].append(aid)
-        if self._flush_failed:
-            calls = [(kinds["new"] + kinds["full"], self.collection.upsert, True)]
+        if self._flush_failed:  # whatever landed before, upsert then a metadata update converge
+            calls = [(kinds["new"] + kinds["full"], self.collection.upsert, True, False),
+                     (kinds["new"] + kinds["full"], self.collection.update, False, True)]
         else:
-            calls = [(kinds["new"], self.collection.add, True), (kinds["full"], self.collection.update, True)]
-        calls.append((kinds["meta"], self.collection.update, False))
+            calls = [(kinds["new"], self.collection.add, True, False),
+                     (kinds["full"], self.collection.update, True, True)]
+        calls.append((kinds["meta"], self.collection.update, False, True))
         self._flush_failed = True  # until every call below has been acknowledged
-        for ids_all, fn, with_text in calls:
+        for ids_all, fn, with_text, for_update in calls:
             for start in range(0, len(ids_all), self.batch_size):
                 ids = ids_all[start : start + self.batch_size]
                 atoms = [self._atoms[i] for i in ids]
-                payload = {"metadatas": [to_chroma_metadata(a) for a in atoms]}
+                payload = {"metadatas": [to_chroma_metadata(a, for_update=for_update) for a in atoms]}
                 if with_text:
                     payload.update(documents=[a.text for a in atoms],
                                    embeddings=np.stack([self._pending_vec[i] for i in ids]))
@@ -587,7 +589,7 @@ class AtomStore:
             self._chroma(
                 "updating an atom", self.collection.update,
                 ids=[new.id], documents=[new.text], embeddings=vector,
-                metadatas=[to_chroma_metadata(new)],
+                metadatas=[to_chroma_metadata(new, for_update=True)],
             )
         self.clock = clock
         self._atoms[new.id] = new
@@ -734,7 +736,7 @@ class AtomStore:
                     self._pending.setdefault(aid, "meta")
             else:
                 self._chroma(what, self.collection.update, ids=ids,
-                             metadatas=[to_chroma_metadata(staged[i]) for i in ids])
+                             metadatas=[to_chroma_metadata(staged[i], for_update=True) for i in ids])
             for aid, atom in staged.items():
                 self._role_counts[self._atoms[aid].role] -= 1
                 self._role_counts[atom.role] += 1
