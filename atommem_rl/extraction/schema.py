@@ -86,13 +86,10 @@ _FENCE = re.compile(r"```(?:json)?", re.IGNORECASE)
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
 
 
-def _first_object(text: str) -> str | None:
-    """The first balanced {...} or [...] (string-aware), or the unbalanced tail from its start."""
-    found = [i for i in (text.find("{"), text.find("[")) if i >= 0]
-    if not found:
-        return None
-    start = min(found)
-    depth, in_str, esc = 0, False, False
+def _brackets(text: str, start: int = 0) -> tuple[list[tuple[int, str]], bool]:
+    """(position, bracket) of every {, [, } and ] outside JSON strings from ``start``, and whether a
+    string is still open at the end (escapes inside strings honoured)."""
+    out, in_str, esc = [], False, False
     for i in range(start, len(text)):
         c = text[i]
         if in_str:
@@ -104,32 +101,34 @@ def _first_object(text: str) -> str | None:
                 in_str = False
         elif c == '"':
             in_str = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return text[start:i + 1]
+        elif c in "{[]}":
+            out.append((i, c))
+    return out, in_str
+
+
+def _first_object(text: str) -> str | None:
+    """The first balanced {...} or [...] (string-aware), or the unbalanced tail from its start."""
+    found = [i for i in (text.find("{"), text.find("[")) if i >= 0]
+    if not found:
+        return None
+    start = min(found)
+    depth = 0
+    for i, c in _brackets(text, start)[0]:
+        depth += 1 if c in "{[" else -1
+        if depth == 0:
+            return text[start:i + 1]
     return text[start:]
 
 
 def _close(text: str) -> str:
     """Close what a cut reply left open: a string, then brackets in reverse order; drop a dangling
     key or comma first so the result can parse."""
-    stack, in_str, esc = [], False, False
-    for c in text:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
+    marks, in_str = _brackets(text)
+    stack: list[str] = []
+    for _, c in marks:
+        if c in "{[":
             stack.append("}" if c == "{" else "]")
-        elif c in "}]" and stack:
+        elif stack:
             stack.pop()
     if in_str:
         text += '"'
