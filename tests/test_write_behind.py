@@ -63,8 +63,9 @@ def own_client(tmp_path):
     """A Chroma database of this test's own. In the shared in-memory database, atoms with participants
     added as one batch and then dropped with their collection (test_other_chroma_users_see_pending_writes)
     left a later ``$contains`` participant filter in a *new* collection matching an atom without
-    participants (tests/test_store.py::test_filters_by_participant_and_time run after it). A Chroma
-    1.5.9 effect, not reduced to a minimal case yet: open."""
+    participants (tests/test_store.py::test_filters_by_participant_and_time run after it): a Chroma
+    1.5.9 effect, reproduced below (test_filtered_read_ignores_a_dropped_namespaces_index); the store
+    now re-checks filters on its mirror, and these tests keep to their own database anyway."""
     return make_client("persistent", path=str(tmp_path / "db"))
 
 
@@ -149,3 +150,23 @@ def test_relabelled_pair_leaves_no_stale_relation_in_chroma(store):
     again = AtomStore.open(store.namespace, client=store.client)
     assert {x.id: (x.role, dict(x.relations)) for x in again.atoms()} == \
         {x.id: (x.role, dict(x.relations)) for x in store.atoms()}
+
+
+def test_filtered_read_ignores_a_dropped_namespaces_index():
+    """Chroma 1.5.9 in one in-memory database: atoms with participants are added as a batch and their
+    collection dropped; in a new collection reusing the ids, Chroma's ``$contains`` filter then also
+    matches an atom without participants (reproduced with raw Chroma calls). The store checks the
+    filter again on its mirror, so the read is right either way."""
+    tag = uuid.uuid4().hex[:8]
+    old = AtomStore(f"drop-{tag}", embedder=HashingEmbedder(64))
+    old.create_many([{"text": f"Ann ran marathon {i}", "participants": ["Ann"]} for i in range(5)])
+    old.drop()
+    new = AtomStore(f"new-{tag}", embedder=HashingEmbedder(64))
+    try:
+        new.create("Ann visited Paris", participants=["Ann"])
+        new.create("Bob visited Paris", participants=["Bob"])
+        new.create("Someone visited Paris")
+        hits = new.read("visited Paris", k=10, participants=["Ann"])
+        assert [h.atom.text for h in hits] == ["Ann visited Paris"]
+    finally:
+        new.drop()

@@ -511,13 +511,28 @@ class AtomStore:
                 n_results=max(1, n_fetch), where=where, include=["distances"],
             ) if self._atoms else {"ids": [[]], "distances": [[]]}
             scored = [(aid, 1.0 - float(dist)) for aid, dist in zip(res["ids"][0], res["distances"][0])]
+        keep = self._filter(participants, time_window) if where is not None else None
         views = []
         for aid, score in scored:
             atom = self._atoms.get(aid)
-            if atom is not None and atom.role in allowed and len(views) < k:
+            if atom is not None and atom.role in allowed and len(views) < k and (keep is None or keep(atom)):
                 views.append(self.view(aid, score=score))
         self._touch("read", query=query[:200], ids=[v.id for v in views])
         return views
+
+    def _filter(self, participants, time_window):
+        """The read filter checked again on the mirror. Chroma 1.5.9 can answer a ``$contains`` filter
+        with an atom that lacks the key, after a dropped collection whose atoms had the same ids
+        (tests/test_write_behind.py::test_filtered_read_ignores_a_dropped_namespaces_index)."""
+        people = set(self._clean_strings(participants, "participants"))
+        span = TimeSpan.parse(time_window)
+
+        def keep(atom: Atom) -> bool:
+            if people and not people & set(atom.participants):
+                return False
+            return span is None or (atom.time is not None and atom.time.overlaps(span))
+
+        return keep
 
     def _read_with_pending(self, qvec: np.ndarray, n_fetch: int) -> list[tuple[str, float]]:
         """(id, cosine) best first: Chroma's neighbours among the atoms it holds current vectors for,
