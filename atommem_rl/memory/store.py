@@ -175,7 +175,7 @@ class AtomStore:
     def _chroma(self, what: str, fn, *args, **kwargs):
         """Call Chroma, translating its errors; pending writes go first, so every caller (events,
         profiles, filtered reads) sees Chroma in the mirror's state."""
-        if getattr(self, "_pending", None):
+        if self._pending:
             self.flush()
         return self._call(what, fn, *args, **kwargs)
 
