@@ -92,6 +92,9 @@ class EnvConfig:
     write_behind: int | None = field(default=None, metadata={
         "help": "batch this many memory writes per Chroma call (None: 64 in memory, 0 = write-through "
                 "for persistent and server backends, whose acknowledged writes must be durable)"})
+    exact_below: int | None = field(default=None, metadata={
+        "help": "answer unfiltered reads of up to this many atoms by exact cosine in process, not a Chroma "
+                "query (None: 8192 in memory, 0 = always Chroma for persistent and server backends)"})
     max_atom_chars: int = field(default=1000, metadata={"help": "longest atom text"})
     max_arg_chars: int = field(default=2000, metadata={"help": "longest string argument other than content"})
     shuffle_blocks: bool = field(default=False, metadata={"help": "shuffle block order with the reset seed"})
@@ -288,15 +291,22 @@ class MemoryEnv:
         self._unit_terms = {uid: set(_text.terms(u.statement())) for uid, u in self.units.items()}
         self._gold_labels = {(r.new, r.old): Relation.parse(r.label) for r in self.task.relations}
 
+    def _in_memory(self) -> bool:
+        try:
+            s = self.client.get_settings()
+            return not s.is_persistent and "fastapi" not in str(s.chroma_api_impl).lower()
+        except Exception:  # a client we do not know: keep every write durable, every read in Chroma
+            return False
+
     def _write_behind(self) -> int:
         if self.config.write_behind is not None:
             return self.config.write_behind
-        try:
-            s = self.client.get_settings()
-            ephemeral = not s.is_persistent and "fastapi" not in str(s.chroma_api_impl).lower()
-        except Exception:  # a client we do not know: keep every write durable
-            ephemeral = False
-        return 64 if ephemeral else 0
+        return 64 if self._in_memory() else 0
+
+    def _exact_below(self) -> int:
+        if self.config.exact_below is not None:
+            return self.config.exact_below
+        return 8192 if self._in_memory() else 0
 
     # ---------------------------------------------------------------- subclass hooks
     def render_block(self, block) -> tuple[str, list[tuple[str | None, str]]]:
@@ -316,7 +326,8 @@ class MemoryEnv:
         if "store" not in self.config.disable:
             ns = f"env-{os.getpid()}-{next(_ns_counter)}-{uuid.uuid4().hex[:8]}"
             self.store = AtomStore(ns, client=self.client, embedder=self.embedder, max_chars=self.config.max_atom_chars,
-                                   write_behind=self._write_behind())
+                                   write_behind=self._write_behind(),
+                                   exact_below=self._exact_below())
         self.handles: dict[str, str] = {}  # handle -> atom id
         self.handle_of: dict[str, str] = {}  # atom id -> handle
         self.last_shown: dict[str, int] = {}  # atom id -> step it was last shown (eviction order)
@@ -794,19 +805,29 @@ class MemoryEnv:
                 f"the answer tool, or read memory first ({self.config.answer_read_budget} reads this step, "
                 f"{left} answer step(s) left).")
 
-    def _user(self, q_text, mem_lines, mem_note, scratch, results, tail, label, n_atoms) -> str:
-        parts = [f"# Question{'s' if q_text.count(chr(10)) else ''}\n{q_text}"]
+    def _user(self, *args) -> str:
+        return "".join(self._user_pieces(*args))
+
+    def _user_pieces(self, q_text, mem_lines, mem_note, scratch, results, tail, label, n_atoms) -> list[str]:
+        """The user message as pieces that concatenate to it, a line or section each, so that
+        ``PolicyTokens.prompt_tokens_pieces`` can count it from memoised piece counts (memory lines,
+        questions and the chunk repeat from step to step). Sections are separated by a blank line."""
+        sections = [[f"# Question{'s' if q_text.count(chr(10)) else ''}\n{q_text}"]]
         if "scratchpad" not in self.config.disable:
-            parts.append(f"# Scratchpad\n{scratch if scratch else '(empty)'}")
+            sections.append([f"# Scratchpad\n{scratch if scratch else '(empty)'}"])
         if "store" not in self.config.disable:
             head = f"# Memory ({n_atoms} entries stored"
             head += f"; retrieved for {label})" if label and mem_lines else ")"
-            body = "\n".join(f"[{h}] {t}" for h, t in mem_lines) if mem_lines else "(nothing retrieved)"
-            parts.append(head + "\n" + body + (f"\n{mem_note}" if mem_note else ""))
+            body = [f"[{h}] {t}" for h, t in mem_lines] if mem_lines else ["(nothing retrieved)"]
+            sections.append([head] + body + ([mem_note] if mem_note else []))
         if results:
-            parts.append("# Results of your last action\n" + "\n".join(results))
-        parts.append(tail)
-        return "\n\n".join(parts)
+            sections.append(["# Results of your last action"] + list(results))
+        sections.append([tail])
+        pieces = []
+        for i, lines in enumerate(sections):
+            pieces += [line + "\n" for line in lines[:-1]]
+            pieces.append(lines[-1] + ("\n\n" if i < len(sections) - 1 else ""))
+        return pieces
 
     def _fit(self, q_text, mem_lines, label, tail, n_atoms) -> list[dict]:
         """Messages within ``max_prompt_tokens``: cut memory views, then scratchpad, then results."""
@@ -816,9 +837,9 @@ class MemoryEnv:
         results = [defang(" ".join(r.split())) for r in self.last_results]
 
         def build(mem, note, sp, res):
-            user = self._user(q_text, mem, note, sp, res, tail, label, n_atoms)
-            msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-            return msgs, self.tokens.prompt_tokens(msgs)
+            pieces = self._user_pieces(q_text, mem, note, sp, res, tail, label, n_atoms)
+            msgs = [{"role": "system", "content": system}, {"role": "user", "content": "".join(pieces)}]
+            return msgs, self.tokens.prompt_tokens_pieces(system, pieces)
 
         msgs, n = build(mem_lines, "", scratch, results)
         self._shown = len(mem_lines)

@@ -169,7 +169,7 @@ def test_prompt_fits_exactly_and_marks_cuts(tok):
         act += tc("read_memory", {"query": "Alpha Beta Gamma"})
         chunk = env.chunks[env.chunk_index + 1].text if env.chunk_index + 1 < len(env.chunks) else None
         obs, _, te, tr, info = env.step(act)
-        n = tok.prompt_tokens(obs)
+        n = tok.count(tok.render(obs))  # the whole rendered prompt, counted the slow way
         assert n <= cap, n
         assert info["prompt_tokens"] == n
         if chunk is not None and env.phase == "chunks":
@@ -179,3 +179,42 @@ def test_prompt_fits_exactly_and_marks_cuts(tok):
     env.close()
     with pytest.raises(ValueError, match="max_prompt_tokens"):
         DocumentEnv(task, tokenizer="smollm2", chunk_tokens=600, max_prompt_tokens=700).reset(seed=0)
+
+
+def test_piece_counts_add_up_to_the_whole_prompt(tok):
+    """The env counts its prompt from memoised piece counts (envs/tokens.py); on random prompts built
+    from hostile text, odd Unicode and whitespace at the junctions the sum equals the count of the whole
+    rendered prompt, and the env's own figure equals it at every step of an episode."""
+    import random
+
+    from tests.test_fuzz import HOSTILE_CHUNK
+
+    assert tok.joinable  # else the fast path is off and every step counts the whole prompt
+    rng = random.Random(0)
+    words = ["Alice", "moved", "to", "Paris", "in", "1990.", "\u00e9t\u00e9", "\u4e2d\u6587", "\U0001f642", "'s", "--",
+             "<tool_call>", "{\"name\":", "\u0301", "\t", " ", "\n", "[M3]", "# Heading", "(x)", "42"] + HOSTILE_CHUNK
+    system = "You manage a memory.\n\n# Tools\n{}"
+    for _ in range(300):
+        pieces = []
+        for _ in range(rng.randint(1, 12)):
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(0, 8)))
+            pieces.append(text + rng.choice(["\n", "\n\n", "", " ", "\n "]))
+        whole = tok.count(tok.render([{"role": "system", "content": system},
+                                      {"role": "user", "content": "".join(pieces)}]))
+        assert tok.prompt_tokens_pieces(system, pieces) == whole, pieces
+
+    task = generate_task(2, 9, docs=16, questions=3, confounders=2)
+    env = DocumentEnv(task, **dict(CFG, max_prompt_tokens=1500, chunk_tokens=200, retrieval_k=8))
+    obs, info = env.reset(seed=0)
+    trace = [(obs, info)]
+    policy = OraclePolicy()
+    policy.start(0, task)
+    done = False
+    while not done:
+        obs, _, te, tr, info = env.step(policy.act([(0, obs, info)])[0] + tc("write_scratchpad", {"content": "note  \n" * 80}))
+        trace.append((obs, info))
+        done = te or tr
+    env.close()
+    for obs, info in trace[:-1]:
+        assert info["prompt_tokens"] == tok.count(tok.render(obs))
+    assert any("prompt limit" in obs[1]["content"] or "cut to fit" in obs[1]["content"] for obs, _ in trace[:-1])

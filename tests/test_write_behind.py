@@ -1,6 +1,7 @@
-"""Write-behind (``AtomStore(write_behind=N)``) is invisible to callers: the same random sequence of
-creates, updates, labels, deletes and reads gives the same results as a write-through store, and
-after ``flush()`` Chroma holds exactly the same content. Real in-memory Chroma on both sides."""
+"""Write-behind (``AtomStore(write_behind=N)``) and exact in-process reads (``exact_below=N``) are
+invisible to callers: the same random sequence of creates, updates, labels, deletes and reads gives
+the same results as a write-through store that asks Chroma every time, and after ``flush()`` Chroma
+holds exactly the same content. Real Chroma on both sides."""
 
 from __future__ import annotations
 
@@ -69,13 +70,16 @@ def own_client(tmp_path):
     return make_client("persistent", path=str(tmp_path / "db"))
 
 
-@pytest.mark.parametrize("write_behind,seed", [(1, 0), (5, 1), (64, 2), (10_000, 3)])
-def test_same_results_as_write_through(write_behind, seed, own_client):
+@pytest.mark.parametrize("write_behind,exact_below,seed", [
+    (1, 0, 0), (5, 0, 1), (64, 0, 2), (10_000, 0, 3),
+    (64, 10_000, 4), (0, 10_000, 5), (1, 60, 6)])  # the last crosses from exact reads to Chroma's
+def test_same_results_as_write_through(write_behind, exact_below, seed, own_client):
     rng = random.Random(seed)
     emb = HashingEmbedder(128)
     tag = uuid.uuid4().hex[:8]
     through = AtomStore(f"wt-{tag}", embedder=emb, client=own_client)
-    behind = AtomStore(f"wb-{tag}", embedder=emb, write_behind=write_behind, client=own_client)
+    behind = AtomStore(f"wb-{tag}", embedder=emb, write_behind=write_behind, exact_below=exact_below,
+                       client=own_client)
     try:
         counts = {}
         for step in range(200):
@@ -96,6 +100,13 @@ def test_same_results_as_write_through(write_behind, seed, own_client):
         behind.flush()
         assert behind.pending == 0
         assert through.chroma_contents() == behind.chroma_contents()
+        if exact_below:
+            assert len(behind._vectors) == len(behind.snapshot())  # every atom, deleted ones included
+            # a reopened store rebuilds its vectors from Chroma and reads the same
+            again = AtomStore.open(behind.namespace, client=own_client, exact_below=exact_below)
+            for _ in range(10):
+                q = _sentence(rng)
+                assert _ranked(again.read(q, k=6)) == _ranked(through.read(q, k=6))
     finally:
         through.drop()
         behind.drop()

@@ -9,10 +9,12 @@ between two existing atoms, and a scratchpad rewrite. The time of ``env.step`` i
 when one ends. Reported: median and p95 milliseconds, and the split of a step into its parts
 (``parse_ms``, ``tools_ms``, ``prompt_ms``; medians).
 
-The store batches writes per Chroma call in memory (``write_behind``, 64 by default there). With
-``--compare-write-through`` a second env with write-through stores takes the same actions, the two
-alternating step by step, and the ratio of their medians is reported: the figure that survives a
-loaded machine.
+With the in-memory backend the store batches writes per Chroma call (``write_behind``, 64) and
+answers unfiltered reads of up to 8192 atoms by exact cosine in process (``exact_below``), and the
+prompt is counted from memoised piece counts (``envs/tokens.py``). With ``--compare-write-through``
+a second env whose every memory operation is a Chroma call (write-through, Chroma reads) takes the
+same actions, the two alternating step by step, and the ratio of their medians is reported: the
+figure that survives a loaded machine.
 
     atommem bench env --atoms 1000 --steps 200 --json [--compare-write-through]
 """
@@ -33,8 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write-behind", type=int, default=None,
                         help="writes batched per Chroma call (default: the env's, 64 in memory; 0 = write-through)")
+    parser.add_argument("--exact-below", type=int, default=None,
+                        help="exact in-process reads up to this many atoms (default: the env's, 8192 in memory; 0 = Chroma)")
     parser.add_argument("--compare-write-through", action="store_true",
-                        help="also step a write-through env with the same actions, alternating, and report the ratio")
+                        help="also step an env whose every memory operation is a Chroma call (write-through, "
+                             "Chroma reads) with the same actions, alternating, and report the ratio")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -108,13 +113,13 @@ def main(args) -> int:
     filler = [u.text for b in task.blocks for u in b.units]
     texts = [f"{rng.choice(filler)} (note {i})" for i in range(args.atoms)]
 
-    def make(write_behind):
+    def make(write_behind, exact_below):
         env = DocumentEnv(task, tokenizer=args.tokenizer, embedder="hashing", chunk_tokens=args.chunk_tokens,
                           max_prompt_tokens=args.max_prompt_tokens, max_steps=10_000, max_answer_steps=1,
-                          write_behind=write_behind)
+                          write_behind=write_behind, exact_below=exact_below)
         return _Timed(env, texts, args.seed)
 
-    runs = [make(args.write_behind)] + ([make(0)] if args.compare_write_through else [])
+    runs = [make(args.write_behind, args.exact_below)] + ([make(0, 0)] if args.compare_write_through else [])
     main_env = runs[0].env
     n = 0
     while len(runs[0].times) < args.steps:
@@ -133,7 +138,7 @@ def main(args) -> int:
     for r in runs:
         r.env.close()
     out = {"atoms": args.atoms, "steps": len(runs[0].times), **runs[0].summary(),
-           "write_behind": main_env._write_behind(),
+           "write_behind": main_env._write_behind(), "exact_below": main_env._exact_below(),
            "tokenizer": main_env.tokens.name, "embedder": "hashing"}
     if args.compare_write_through:
         wt = runs[1].summary()

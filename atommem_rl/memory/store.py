@@ -30,6 +30,10 @@ without a flush: Chroma answers for the atoms it has, the pending vectors are sc
 in numpy, and the two lists are merged. Flush calls are idempotent (upsert / metadata update), so a
 failed flush keeps its writes pending and can simply be retried. Acknowledged-but-pending writes are
 not durable: persistent and server backends therefore default to write-through.
+
+Exact reads (``exact_below=N``, opt-in; the environments use it with the in-memory backend): the
+store also keeps every atom's current vector (``exact.py``) and answers unfiltered reads of a
+namespace of at most N atoms with exact cosine in process instead of a Chroma query.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import numpy as np
 from chromadb.errors import ChromaError
 
 from . import fusion
+from .exact import VectorMirror
 from . import text as _text
 from .atom import (
     DEMOTES_NEW,
@@ -123,6 +128,7 @@ class AtomStore:
         max_chars: int = 4000,
         keyword_limit: int = 24,
         write_behind: int = 0,
+        exact_below: int = 0,
     ):
         if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
             raise InvalidAtomError(
@@ -141,6 +147,10 @@ class AtomStore:
         self._pending: dict[str, str] = {}  # atom id -> "new" | "full" (re-embedded) | "meta"
         self._pending_vec: dict[str, np.ndarray] = {}  # vectors Chroma does not have yet
         self._flush_failed = False  # the next flush must be idempotent (upsert)
+        if not isinstance(exact_below, int) or exact_below < 0:
+            raise ValueError(f"exact_below must be a non-negative int, got {exact_below!r}")
+        self.exact_below = exact_below
+        self._vectors = VectorMirror() if exact_below else None  # every atom's vector (exact reads)
         self.collection = self._chroma(
             "opening the collection",
             self.client.get_or_create_collection,
@@ -198,12 +208,13 @@ class AtomStore:
         if Chroma is still unreachable the mirror is left as it was and the error propagates."""
         if self._pending:
             self.flush()  # raises while Chroma is unreachable; the pending writes stay queued
-        saved = (self._atoms, self._incoming, self._role_counts, self.clock, self._next_seq)
+        saved = (self._atoms, self._incoming, self._role_counts, self.clock, self._next_seq, self._vectors)
         self._atoms, self._incoming, self._role_counts = {}, {}, {role: 0 for role in Role}
+        self._vectors = VectorMirror() if self.exact_below else None
         try:
             self._load()
         except BaseException:
-            self._atoms, self._incoming, self._role_counts, self.clock, self._next_seq = saved
+            self._atoms, self._incoming, self._role_counts, self.clock, self._next_seq, self._vectors = saved
             raise
         self._stale = False
         self._touch("resync")
@@ -213,13 +224,16 @@ class AtomStore:
         offset = 0
         while True:
             page = self._chroma(
-                "loading atoms", self.collection.get, include=["documents", "metadatas"],
+                "loading atoms", self.collection.get,
+                include=["documents", "metadatas"] + (["embeddings"] if self._vectors is not None else []),
                 limit=self.batch_size, offset=offset,
             )
             for aid, doc, meta in zip(page["ids"], page["documents"], page["metadatas"]):
                 atom = from_chroma(aid, doc, meta)
                 self._atoms[aid] = atom
                 self.clock = max(self.clock, atom.updated_at, atom.created_at)
+            if self._vectors is not None and len(page["ids"]):
+                self._vectors.put(list(page["ids"]), page["embeddings"])
             if len(page["ids"]) < self.batch_size:
                 break
             offset += self.batch_size
@@ -390,7 +404,7 @@ class AtomStore:
             for a, v in zip(atoms, vectors):
                 self._pending[a.id] = "new"
                 self._pending_vec[a.id] = np.asarray(v, dtype=np.float32)
-            self._commit_created(atoms, clock, seq)
+            self._commit_created(atoms, clock, seq, vectors)
             self._maybe_flush()
             return atoms
         written: list[str] = []
@@ -413,10 +427,12 @@ class AtomStore:
                     except Exception:  # the original error is the one worth reporting
                         pass
             raise
-        self._commit_created(atoms, clock, seq)
+        self._commit_created(atoms, clock, seq, vectors)
         return atoms
 
-    def _commit_created(self, atoms: list[Atom], clock: int, seq: int) -> None:
+    def _commit_created(self, atoms: list[Atom], clock: int, seq: int, vectors) -> None:
+        if self._vectors is not None:
+            self._vectors.put([a.id for a in atoms], vectors)
         self.clock = clock
         self._next_seq = seq
         for a in atoms:
@@ -503,7 +519,9 @@ class AtomStore:
             where = self.where(participants=participants, time_window=time_window, include_evidence=include_evidence)
             n_fetch = k
         qvec = np.asarray(query_embedding, dtype=np.float32).reshape(1, -1)
-        if where is None and self._pending:
+        if where is None and self._vectors is not None and len(self._atoms) <= self.exact_below:
+            scored = self._vectors.search(qvec[0], n_fetch)
+        elif where is None and self._pending:
             scored = self._read_with_pending(qvec, n_fetch)
         else:
             res = self._chroma(
@@ -608,6 +626,8 @@ class AtomStore:
             )
         self.clock = clock
         self._atoms[new.id] = new
+        if self._vectors is not None:
+            self._vectors.put([new.id], vector)
         self._touch("update", id=new.id, previous=atom.text)
         if self.write_behind:
             self._maybe_flush()
@@ -765,6 +785,8 @@ class AtomStore:
         """Delete the namespace's collection (the episode is over)."""
         self._pending.clear()  # nothing left to write: the collection goes
         self._pending_vec.clear()
+        if self._vectors is not None:
+            self._vectors.clear()
         self._chroma("dropping the namespace", self.client.delete_collection, COLLECTION_PREFIX + self.namespace)
         self._atoms.clear()
         self._incoming.clear()
