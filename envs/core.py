@@ -137,7 +137,10 @@ class EnvConfig:
 
 
 # ------------------------------------------------------------------------------------- helpers
-_SPECIAL = re.compile(r"<\|[^|<>]{0,40}\|>|</?tool_call>|</?tool_response>|</?think>|</?tools>")
+# ChatML-style specials (<|im_end|>), and every tag-shaped word: tool-call tags and tokenizers' own
+# tag-shaped specials (SmolLM2's <file_sep>, <repo_name>, ...), which would otherwise be encoded as
+# special tokens. Ordinary markup in documents (<b>) only gains an invisible space.
+_SPECIAL = re.compile(r"<\|[^|<>]{0,40}\|>|</?[A-Za-z_][A-Za-z0-9_]{0,40}>")
 
 
 def defang(text: str) -> str:
