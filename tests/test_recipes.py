@@ -69,7 +69,7 @@ def test_accelerate_config_loads(path):
 
     config = load_config_from_file(str(path))
     if path.stem == "cpu_2proc":
-        assert config.use_cpu and config.num_processes == 2
+        assert config.num_processes == 2  # that two processes really start: test_cpu_2proc_starts_two_ranks
     elif path.stem != "single_gpu":
         assert config.num_processes == 8 and config.mixed_precision == "bf16"
 
@@ -117,3 +117,25 @@ def test_missing_and_malformed_recipe(tmp_path):
     bad.write_text("- a\n- b\n")
     with pytest.raises(RecipeError, match="mapping"):
         load_recipe(_sft_cls(), bad)
+
+
+def test_cpu_2proc_starts_two_ranks(tmp_path):
+    """``accelerate launch --config_file recipes/accelerate/cpu_2proc.yaml`` starts two processes that
+    form one gloo group on CPU. (With ``use_cpu: true`` accelerate 1.15 silently started one.)"""
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import free_port
+
+    script = tmp_path / "ranks.py"
+    script.write_text("from accelerate import Accelerator\nimport torch\n"
+                      "a = Accelerator(cpu=True)\nt = a.gather(torch.tensor([a.process_index]))\n"
+                      "print('rank', a.process_index, a.num_processes, a.distributed_type.value, t.tolist(), flush=True)\n")
+    accelerate = Path(sys.executable).with_name("accelerate")
+    res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+                          "--main_process_port", str(free_port()), str(script)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    ranks = sorted(line for line in res.stdout.splitlines() if line.startswith("rank "))
+    assert ranks == ["rank 0 2 MULTI_CPU [0, 1]", "rank 1 2 MULTI_CPU [0, 1]"], res.stdout
