@@ -286,7 +286,6 @@ class MemoryEnv:
         self.tools = tool_schemas(c.disable)
         self.tool_names = [t["function"]["name"] for t in self.tools]
         self._system_cache: dict[bool, str] = {}
-        self._count_cache: dict[str, int] = {}
         self.store: AtomStore | None = None
         self.done = True
         self._chunks_cache: dict[int | None, list[Chunk]] = {}
@@ -466,13 +465,7 @@ class MemoryEnv:
 
     # ---------------------------------------------------------------- chunking
     def _count(self, text: str) -> int:
-        n = self._count_cache.get(text)
-        if n is None:
-            n = self.tokens.count(text)
-            if len(self._count_cache) > 50_000:
-                self._count_cache.clear()
-            self._count_cache[text] = n
-        return n
+        return self.tokens.count_memo(text)  # one memo per tokenizer, shared with prompt counting
 
     def _make_chunks(self, seed: int | None) -> list[Chunk]:
         key = seed if self.config.shuffle_blocks else None

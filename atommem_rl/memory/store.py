@@ -51,7 +51,6 @@ import numpy as np
 from chromadb.errors import ChromaError
 
 from . import fusion
-from .exact import VectorMirror
 from . import text as _text
 from .atom import (
     DEMOTES_NEW,
@@ -68,6 +67,7 @@ from .atom import (
 )
 from .backends import address, is_unavailable, make_client
 from .embeddings import Embedder, HashingEmbedder
+from .exact import VectorMirror
 from .errors import (
     AtomNotFoundError,
     InvalidAtomError,
