@@ -129,9 +129,11 @@ def test_cpu_2proc_starts_two_ranks(tmp_path):
     from .conftest import free_port
 
     script = tmp_path / "ranks.py"
-    script.write_text("from accelerate import Accelerator\nimport torch\n"
+    # one os.write per rank: a pipe write under PIPE_BUF is atomic, so the two ranks' lines cannot interleave
+    # (print writes text and newline separately; seen interleaved in a clean-clone run)
+    script.write_text("import os\nfrom accelerate import Accelerator\nimport torch\n"
                       "a = Accelerator(cpu=True)\nt = a.gather(torch.tensor([a.process_index]))\n"
-                      "print('rank', a.process_index, a.num_processes, a.distributed_type.value, t.tolist(), flush=True)\n")
+                      "os.write(1, f'rank {a.process_index} {a.num_processes} {a.distributed_type.value} {t.tolist()}\\n'.encode())\n")
     accelerate = Path(sys.executable).with_name("accelerate")
     res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
                           "--main_process_port", str(free_port()), str(script)], capture_output=True, text=True,
