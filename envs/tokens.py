@@ -1,4 +1,4 @@
-"""The policy's tokenizer, as the environments use it: counting, truncating and rendering prompts.
+r"""The policy's tokenizer, as the environments use it: counting, truncating and rendering prompts.
 
 ``load_tokenizer(spec)`` returns a :class:`PolicyTokens`:
 

@@ -92,6 +92,32 @@ def test_only_completion_tokens_receive_gradient(tiny, tmp_path):
     assert torch.all(grad[trained] > 0)  # every policy token: some
 
 
+@pytest.mark.slow
+def test_zero_advantage_batch_skips_the_forward_with_the_same_gradients(tiny, tmp_path):
+    """A micro-batch whose advantages are all 0 skips TRL's forward/backward; the gradients it gets
+    instead (exact zeros on every trainable parameter) are the ones TRL's loss gives, so the optimizer
+    step is unchanged. Non-zero advantages still take TRL's path."""
+    trainer = build_trainer(small_config(tiny, tmp_path / "skip", synth_tasks=1))
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([trainer.train_dataset[0]] * 2)
+    batch["advantages"] = torch.zeros(batch["completion_ids"].size(0))
+    trainer.current_gradient_accumulation_steps = 1
+
+    def grads(skip: bool) -> list[torch.Tensor]:
+        trainer.args.skip_zero_advantage = skip
+        trainer.model.zero_grad(set_to_none=True)
+        trainer.compute_loss(trainer.model, batch).backward()
+        return [p.grad for p in trainer.model.parameters() if p.requires_grad]
+
+    real, skipped = grads(False), grads(True)
+    assert trainer._metrics["train"]["skipped_zero_advantage"] == [0.0, 1.0]
+    assert all(g is not None and torch.all(g == 0) for g in real)  # TRL's loss: exactly zero gradient
+    assert all(g is not None and torch.all(g == 0) for g in skipped)  # the same, without the forward
+    batch["advantages"][0] = 1.0
+    assert any(torch.any(g != 0) for g in grads(True))  # a signal is never skipped
+    assert trainer._metrics["train"]["skipped_zero_advantage"][-1] == 0.0
+
+
 def test_gae_by_hand():
     from atommem_rl.training.ppo import gae
 

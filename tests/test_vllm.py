@@ -113,3 +113,23 @@ def test_grpo_step_with_vllm_colocate(tiny, tmp_path):
     logs = trainer.state.log_history[0]
     assert logs["episode/crashes"] == 0 and logs["episode/steps"] == 2.0  # a chunk step and an answer step
     assert logs["tokens/completion_per_step"] > 0
+
+
+def test_eval_backend_vllm_counts_and_matches_hf(tiny):
+    """``atommem eval --backend vllm`` (and ``atommem quickstart --backend vllm``): the evaluation backend
+    on vLLM's engine answers every request in order, counts calls and tokens per task key, and greedy
+    replies equal Hugging Face generate's on the same chat."""
+    from atommem_rl.eval.backend import Request, make_backend
+
+    reqs = [Request([{"role": "user", "content": f"Question {i}: where is the {w}?"}], 6, key=i % 2)
+            for i, w in enumerate(["key", "lamp", "ship"])]
+    vllm = make_backend("vllm", str(tiny), context_window=2048)
+    try:
+        got = vllm.generate(reqs)
+        usage = {k: dict(v) for k, v in vllm.usage.items()}
+    finally:
+        del vllm.llm
+    hf = make_backend("hf", str(tiny), context_window=2048)
+    assert got == hf.generate(reqs)
+    assert usage[0]["calls"] == 2 and usage[1]["calls"] == 1
+    assert usage == {k: dict(v) for k, v in hf.usage.items()}  # the same prompt and completion tokens

@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"LoCoMo conversations for the retrieval phase (default {d.conversations}; all 10: 4.5 min)")
     p.add_argument("--k", type=int, default=d.k, help="recall@k (default 10)")
     p.add_argument("--embedder", default=d.embedder, help="retrieval phase: minilm | hashing[:DIM] | st:PATH | openai:URL#MODEL")
+    p.add_argument("--backend", default=d.backend, choices=("hf", "vllm"),
+                   help="generation backend of the evaluated models (default hf; vllm: scripts/setup_vllm.sh, run "
+                        "with .venv-vllm/bin/python -m atommem_rl.cli; about 8x faster rollouts on this CPU, docs/BENCHMARKS.md)")
     p.add_argument("--skip", default="", help="comma-separated optional phases to leave out: retrieval, eval")
     p.set_defaults(func=main)
 
@@ -56,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
         heldout_tasks=args.heldout_tasks, heldout_seed=args.heldout_seed, methods=args.methods, checkpoints=args.checkpoints,
         locomo=args.locomo,
         conversations=args.conversations, k=args.k, embedder=args.embedder,
-        skip=[s.strip() for s in args.skip.split(",") if s.strip()])
+        skip=[s.strip() for s in args.skip.split(",") if s.strip()], backend=args.backend)
     report = Quickstart(cfg).run()
     print(report.read_text())
     print(f"report: {report}")

@@ -37,7 +37,7 @@ class BackendPolicy(Policy):
 
 def env_config(task: Task, s: EvalSettings, backend: Backend | None) -> dict:
     cfg = {"chunk_tokens": s.chunk_tokens, "max_prompt_tokens": s.max_prompt_tokens, "retrieval_k": s.retrieval_k,
-           "embedder": s.embedder, "reward": "locomo_f1" if task.source == "locomo" else "em"}
+           "embedder": s.embedder, "reward": "locomo_f1" if task.source == "locomo" else "em", **s.policy_env}
     if backend is not None:
         cfg["tokenizer"] = backend.tokenizer
         cfg["max_prompt_tokens"] = min(s.max_prompt_tokens, backend.context_window - s.policy_max_new_tokens)

@@ -82,6 +82,18 @@ class EvalSettings:
     viewer_memory_cap: int = 80
     judge_url: str | None = None
     judge_model: str | None = None
+    # further envs.core.EnvConfig settings for every policy episode (e.g. disable, max_answer_steps,
+    # read_budget): a checkpoint is evaluated in the environment it was trained in. The reward stays
+    # the benchmark's metric, and the tokenizer is the backend's.
+    policy_env: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.policy_env, dict):
+            raise ValueError(f"policy_env must be a mapping of environment settings, got {self.policy_env!r}")
+        fixed = sorted(set(self.policy_env) & {"reward", "tokenizer", "chunk_tokens", "max_prompt_tokens",
+                                                "embedder", "retrieval_k"})
+        if fixed:
+            raise ValueError(f"policy_env cannot set {fixed}: they are evaluation settings of their own")
 
 
 # ------------------------------------------------------------------------------ public task view

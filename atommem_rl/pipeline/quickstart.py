@@ -77,6 +77,7 @@ class QuickstartConfig:
     k: int = 10
     embedder: str = "minilm"
     skip: list[str] = field(default_factory=list)
+    backend: str = "hf"  # generation backend of the evaluated models: hf or vllm (where installed)
 
     def __post_init__(self):
         if self.heldout_tasks < 1:
@@ -84,6 +85,8 @@ class QuickstartConfig:
         ckpts = [c.strip() for c in self.checkpoints.split(",") if c.strip()]
         if not ckpts or set(ckpts) - set(CHECKPOINTS):
             raise ValueError(f"checkpoints must be a non-empty subset of {','.join(CHECKPOINTS)}, got {self.checkpoints!r}")
+        if self.backend not in ("hf", "vllm"):
+            raise ValueError(f"backend must be hf or vllm, got {self.backend!r}")
         bad = set(self.skip) - {"retrieval", "eval"}
         if bad:
             raise ValueError(f"only the retrieval and eval phases can be skipped, got {sorted(bad)}")
@@ -225,7 +228,9 @@ class Quickstart:
         env = grpo.env_config or {}
         # the evaluated policies see the environment they were trained in
         base = {"chunk_tokens": env.get("chunk_tokens", 512), "max_prompt_tokens": env.get("max_prompt_tokens", 4096),
-                "embedder": env.get("embedder", "hashing"), "policy_max_new_tokens": grpo.max_completion_length}
+                "embedder": env.get("embedder", "hashing"), "policy_max_new_tokens": grpo.max_completion_length,
+                "policy_env": {k: v for k, v in env.items() if k not in ("chunk_tokens", "max_prompt_tokens", "embedder",
+                                                                         "reward", "tokenizer", "retrieval_k")}}
         import yaml
 
         # "4" -> 4, "none" stays a string: values typed as YAML scalars, then checked like a recipe
@@ -247,7 +252,8 @@ class Quickstart:
         baselines = [m.strip() for m in self.cfg.methods.split(",") if m.strip()]
         folders = {"base": self.base, "sft": self.out / "sft", "grpo": self.out / "grpo"}
         folders = {n: p for n, p in folders.items() if n in self.cfg.checkpoints.split(",")}
-        ckpts = {f"checkpoint:{n}": (lambda p=p: make_backend("hf", str(p), batch_size=settings.batch_size))
+        kind = self.cfg.backend
+        ckpts = {f"checkpoint:{n}": (lambda p=p: make_backend(kind, str(p), batch_size=settings.batch_size))
                  for n, p in folders.items()}
         methods = baselines + list(ckpts)
         datasets = {"synthetic": load_dataset(self.data / "heldout.jsonl")}
@@ -258,11 +264,11 @@ class Quickstart:
             bar.set_postfix_str(f"{row['method']}: EM {100 * (row['em'] or 0):.1f}")
             bar.update(1)
 
-        extra = {"task_files": {"synthetic": str(self.data / "heldout.jsonl")}, "backend": "hf",
+        extra = {"task_files": {"synthetic": str(self.data / "heldout.jsonl")}, "backend": kind,
                  "model": str(self.base), "checkpoints": {k: str(v) for k, v in folders.items()}, "trains": False}
         try:
             metrics = evaluate(datasets, methods, self.out / "eval", settings=settings,
-                               backend_factory=lambda: make_backend("hf", str(self.base), batch_size=settings.batch_size),
+                               backend_factory=lambda: make_backend(kind, str(self.base), batch_size=settings.batch_size),
                                checkpoints=ckpts, run_logs=str(self.out / "grpo"), extra_settings=extra, log=log)
         finally:
             bar.close()
@@ -305,6 +311,7 @@ class Quickstart:
         if "eval" not in c.skip:
             # a non-default checkpoint list joins the key only when set, so runs made before the option resume
             chosen = {} if c.checkpoints == ",".join(CHECKPOINTS) else {"checkpoints": c.checkpoints}
+            chosen.update({} if c.backend == "hf" else {"backend": c.backend})
             P.run("eval", {"methods": c.methods, "eval_set": c.eval_set, **chosen}, self.phase_eval,
                   deps=("model", "data", "sft", "grpo"), title="evaluation: base, SFT, GRPO vs baselines")
         if "retrieval" not in c.skip:

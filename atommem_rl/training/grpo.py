@@ -81,6 +81,9 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
         "help": "Hugging Face generate: sample each episode step with its own seed (Gumbel-max, "
                 "training/seeded_sampling.py), so rollouts do not depend on the number of processes, the "
                 "batch composition or the RNG state (resume). False: generate's own sampling."})
+    skip_zero_advantage: bool = field(default=True, metadata={
+        "help": "One process, beta 0: a micro-batch whose advantages are all 0 (every episode of its groups "
+                "scored the same) skips the policy forward/backward and gets exact zero gradients instead."})
 
     def __post_init__(self):
         if self.output_dir is None:
@@ -309,6 +312,22 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                 self._logs["rewards"][name].extend(gather_object([float(s[3]) for s in samples[:n_real]]))
             self._logs["advantages"].extend(gather_object([float(s[3]) for s in samples[:n_real]]))
         return output
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss, except for a micro-batch that cannot move the policy: with beta 0 every loss type
+        is linear in the advantages, so all-zero advantages give exactly zero gradients. On a CPU that
+        forward/backward is most of a GRPO step (a group whose episodes all scored 0 is common early on);
+        ``0 * sum(params)`` gives the same zero gradients (the optimizer still steps, Adam's moments
+        decay as they would) without it. Only with one process: under DDP every rank must run the same
+        forward/backward, and the ranks would have to agree first."""
+        if (getattr(self.args, "skip_zero_advantage", False) and self.beta == 0.0 and self.model.training
+                and self.accelerator.num_processes == 1 and not torch.any(inputs["advantages"] != 0)):
+            self._metrics["train"]["skipped_zero_advantage"].append(1.0)
+            params = [p for p in model.parameters() if p.requires_grad]
+            return torch.stack([p.sum() for p in params]).sum() * 0.0
+        if self.model.training:
+            self._metrics["train"]["skipped_zero_advantage"].append(0.0)
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _advantages(self, recs: list[dict], episodes: list[list[tuple]], all_returns: torch.Tensor,
                     group: int) -> list[float | list[float]]:
