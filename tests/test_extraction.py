@@ -235,6 +235,23 @@ def test_pipeline_methods_store_verify_and_count_every_call(tmp_path):
     assert "atommem_graph" in html
 
 
+def test_extraction_calls_go_to_a_separate_extractor_model(tmp_path):
+    """``atommem eval --extractor-model``: the pipeline's extraction requests reach the extractor, its
+    verification and answers the reader, and the task's usage counts both models' calls."""
+    task = generate_tasks(1, seed=7, kind="dialogue", docs=4, questions=2, confounders=1)[0]
+    reader, extractor = ScriptedBackend(_pipeline_reply), ScriptedBackend(_pipeline_reply)
+    m = evaluate({"synth": [task]}, ["atommem_graph"], tmp_path, settings=EvalSettings(viewer_tasks=0),
+                 backend=reader, extractor=extractor, log=lambda *_: None)
+    (row,) = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
+    st = row["extra"]["pipeline"]
+    assert st["calls"] > 0 and st["verify_calls"] > 0 and st["facts"] > 0
+    assert len(extractor.prompts) == st["calls"]  # extraction only
+    assert len(reader.prompts) == st["verify_calls"] + len(task.questions)
+    assert row["usage"]["calls"] == st["calls"] + st["verify_calls"] + len(task.questions)
+    assert not extractor.usage and not reader.usage  # taken, from both models
+    assert m["settings"]["methods_info"]["atommem_graph"]["models"] == {"reader": "scripted", "extract": "scripted"}
+
+
 def _cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "atommem_rl.cli", *args], cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)

@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", action="append", default=[], help="trained checkpoint folder (repeatable): "
                    "method checkpoint:<folder name>")
     p.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf")
+    p.add_argument("--extractor-model", default=None,
+                   help="a separate model (same --backend) for the graph-memory pipeline's fact extraction, e.g. "
+                        "checkpoints/extractor/sft; verification and answers stay with --model")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for --backend openai")
     p.add_argument("--model-name", default=None, help="model name sent to the endpoint (openai)")
     p.add_argument("--limit", type=int, default=None, help="tasks per file (the first N)")
@@ -91,13 +94,18 @@ def main(args) -> int:
     datasets, files = _datasets(args.tasks, args.limit, args.max_blocks)
     fields = {f: getattr(args, f) for f in EvalSettings.__dataclass_fields__ if hasattr(args, f)}
     settings = EvalSettings(**fields)
+    if args.extractor_model and args.backend != "openai":
+        check_checkpoint(args.extractor_model)
+    extractor = None if not args.extractor_model else (lambda: make_backend(
+        args.backend, args.extractor_model, base_url=args.base_url, model_name=args.extractor_model,
+        batch_size=args.gen_batch_size, context_window=args.context_tokens))
     factory = lambda: make_backend(args.backend, args.model, base_url=args.base_url, model_name=args.model_name,  # noqa: E731
                                    batch_size=args.gen_batch_size, context_window=args.context_tokens)
     extra = {"task_files": files, "limit": args.limit, "max_blocks": args.max_blocks, "backend": args.backend,
              "model": args.model or "checkpoints/base/smollm2-135m-instruct", "checkpoints": args.checkpoint,
-             "gen_batch_size": args.gen_batch_size, "trains": False}
+             "gen_batch_size": args.gen_batch_size, "extractor_model": args.extractor_model, "trains": False}
     metrics = evaluate(datasets, methods, args.out, settings=settings, backend_factory=factory, checkpoints=ckpts,
-                       run_logs=args.run_logs, extra_settings=extra)
+                       run_logs=args.run_logs, extra_settings=extra, extractor=extractor)
     summary = {m: {d: {"em": r["em"], "f1": r["f1"], "tokens_per_task": r["tokens_per_task"]} for d, r in by.items()}
                for m, by in metrics["results"].items()}
     print(json.dumps({"out": args.out, "results": summary}))

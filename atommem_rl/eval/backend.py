@@ -34,6 +34,7 @@ class Request:
     messages: list[dict]
     max_new_tokens: int
     key: Any = None
+    role: str = "reader"  # which model answers it under a RoutedBackend ("extract": the fact extractor)
 
 
 class Backend:
@@ -217,6 +218,39 @@ class OpenAIBackend(Backend):
             return []
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
             return list(pool.map(self._one, requests))
+
+
+class RoutedBackend(Backend):
+    """Several models behind one backend: each request goes to the backend of its ``role`` (default:
+    the reader), e.g. the graph-memory pipeline's extraction calls to a trained extractor and its
+    verification and answers to the reader. Each role's requests stay one batched call; usage is the
+    sum over all models. Counting and fitting contexts use the reader's tokenizer and window."""
+
+    name = "routed"
+
+    def __init__(self, reader: Backend, routes: dict[str, Backend]):
+        super().__init__(reader.model_name, reader.tokenizer, reader.context_window)
+        self.reader, self.routes = reader, dict(routes)
+        self.name = "+".join([reader.name] + [f"{r}:{b.name}" for r, b in self.routes.items()])
+
+    def generate(self, requests: list[Request]) -> list[str]:
+        out: list[str | None] = [None] * len(requests)
+        by: dict[int, tuple[Backend, list[int]]] = {}
+        for i, r in enumerate(requests):
+            b = self.routes.get(r.role, self.reader)
+            by.setdefault(id(b), (b, []))[1].append(i)
+        for b, idx in by.values():
+            for i, text in zip(idx, b.generate([requests[i] for i in idx])):
+                out[i] = text
+        return out
+
+    def take_usage(self, key) -> dict[str, int]:
+        parts = [b.take_usage(key) for b in {id(b): b for b in [self.reader, *self.routes.values()]}.values()]
+        return {k: sum(p.get(k, 0) for p in parts) for k in USAGE_KEYS}
+
+    def close(self) -> None:
+        for b in self.routes.values():
+            b.close()
 
 
 def make_backend(kind: str = "hf", model: Any = None, *, base_url: str | None = None,

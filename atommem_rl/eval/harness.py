@@ -21,8 +21,8 @@ from atommem_rl import scoring
 from atommem_rl.policies.base import Policy, memory_lines, sections
 from atommem_rl.tasks.schema import Task
 
-from .backend import Backend, Request
-from .methods import (LLM_METHODS, READERS, Episode, EvalSettings, Item, drive, public_task)
+from .backend import Backend, Request, RoutedBackend
+from .methods import (LLM_METHODS, PIPELINE_METHODS, READERS, Episode, EvalSettings, Item, drive, public_task)
 
 
 class BackendPolicy(Policy):
@@ -174,11 +174,13 @@ def mechanism(task: Task, ep: Episode, count) -> tuple[float | None, float | Non
 def evaluate(datasets: dict[str, list[Task]], methods: list[str], out_dir: str | Path, *,
              settings: EvalSettings | None = None, backend: Backend | None = None, backend_factory=None,
              checkpoints: dict[str, Any] | None = None, run_logs: str | None = None,
-             extra_settings: dict | None = None, log=print) -> dict:
+             extra_settings: dict | None = None, extractor=None, log=print) -> dict:
     """Run and score every method on every dataset; write all outputs; return metrics.json's dict.
 
     ``backend`` (or ``backend_factory()``, called once when an LLM method needs it) is the reader;
-    ``checkpoints`` maps ``checkpoint:NAME`` methods to a backend or a factory for it.
+    ``checkpoints`` maps ``checkpoint:NAME`` methods to a backend or a factory for it; ``extractor``
+    (a backend or a factory) answers the graph-memory pipeline's extraction calls instead of the
+    reader (a trained extractor beside a general reader); their tokens are counted together.
     """
     from . import metrics as M
     from .report import write_report
@@ -203,10 +205,17 @@ def evaluate(datasets: dict[str, list[Task]], methods: list[str], out_dir: str |
             if backend is None:
                 backend = backend_factory()
             mb = backend
+            if extractor is not None and method in PIPELINE_METHODS:
+                if callable(extractor):
+                    extractor = extractor()
+                mb = RoutedBackend(backend, {"extract": extractor})
         elif method not in ("oracle", "heuristic"):
             raise ValueError(f"unknown method {method!r}")
         method_info[method] = {"llm": mb is not None, "model": mb.model_name if mb else None,
                                "backend": mb.name if mb else None}
+        if isinstance(mb, RoutedBackend):
+            method_info[method]["models"] = {"reader": mb.reader.model_name,
+                                             **{r: b.model_name for r, b in mb.routes.items()}}
         for dname, tasks in datasets.items():
             t0 = time.perf_counter()
             prefix = (method, dname)

@@ -175,7 +175,7 @@ def extract_windows(wins: list[Window], s: ExtractSettings, key: Any):
     for attempt in range(s.max_retries + 1):
         if not todo:
             break
-        replies = yield [Request(convo[i], s.max_new_tokens, key) for i in todo]
+        replies = yield [Request(convo[i], s.max_new_tokens, key, role="extract") for i in todo]
         again = []
         for i, reply in zip(todo, replies):
             r = results[i]
