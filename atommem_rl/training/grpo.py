@@ -21,8 +21,10 @@ times; each copy runs as one episode of the memory POMDP (``envs``):
 The loss is TRL's: clipped importance ratio with ``epsilon`` / ``epsilon_high`` (clip-high 0.28),
 ``loss_type="dapo"`` (every policy token of the generation batch weighs the same, which is what a
 variable number of steps per episode needs), KL ``beta`` (0 by default). Rollout log-probabilities
-from vLLM are kept for TRL's importance-sampling correction. What this subclass overrides is only
-``_generate_and_score_completions``: episodes instead of single completions.
+from vLLM are kept for TRL's importance-sampling correction. What this subclass overrides is
+``_generate_and_score_completions`` (episodes instead of single completions) and, to save compute
+only, ``compute_loss``: a micro-batch whose advantages are all 0 (with beta 0) gets its exactly-zero
+gradients without a forward/backward (``skip_zero_advantage``, one process).
 
 Launch:
     atommem grpo --config recipes/quickstart/grpo.yaml                     # CPU, SmolLM2-135M
