@@ -27,10 +27,13 @@ if [ -z "${BACKEND:-}" ]; then
   .venv-vllm/bin/python -c "import vllm" 2>/dev/null && BACKEND=vllm
 fi
 [ "$BACKEND" = vllm ] && PY=.venv-vllm/bin/python
+# the oracle's chunk-step demonstrations here are 116-185 tokens (3-4 create_memory calls): a smaller
+# max_completion_length cuts the last call, which is the newest fact the question asks about (measured
+# with 96: every GRPO episode scored 0 and every advantage was 0)
 sets=()
 for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8; do sets+=(--sft-set "$kv"); done
 for kv in "${EASY[@]}" synth_tasks=32 max_steps=${GRPO_STEPS:-8} save_steps=2 num_generations=4 \
-          per_device_train_batch_size=4 max_completion_length=96; do
+          per_device_train_batch_size=4 max_completion_length=224; do
   sets+=(--grpo-set "$kv")
 done
 "$PY" -m atommem_rl.cli quickstart --backend "$BACKEND" --out "$OUT" --skip retrieval --methods oracle,heuristic --checkpoints sft,grpo \
