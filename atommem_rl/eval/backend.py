@@ -156,9 +156,10 @@ class VLLMBackend(Backend):
 
         from atommem_rl.models import BASE_MODEL_DIR, check_checkpoint
 
+        from atommem_rl.policies.model import vllm_engine_kwargs
+
         path = str(check_checkpoint(model or BASE_MODEL_DIR))
-        self.llm = LLM(model=path, enforce_eager=llm_kwargs.pop("enforce_eager", True),
-                       max_model_len=context_window, **llm_kwargs)
+        self.llm = LLM(model=path, max_model_len=context_window, **vllm_engine_kwargs(llm_kwargs))
         window = context_window or self.llm.llm_engine.model_config.max_model_len
         super().__init__(path, AutoTokenizer.from_pretrained(path), window)
 

@@ -57,6 +57,19 @@ def vllm_available() -> bool:
     return True
 
 
+def vllm_engine_kwargs(kw: dict) -> dict:
+    """Our defaults for ``vllm.LLM``: no graph capture (``enforce_eager``: about 20 s to start on CPU
+    instead of 100 s) and, on the CPU build, a small ``gpu_memory_utilization``: there it is the share of
+    *host* memory reserved up front (default 0.92, refused on a machine where anything else runs,
+    e.g. the trainer whose checkpoint is being evaluated); 0.15 is 3.5 GB here, plenty for 135M."""
+    import torch
+
+    kw = {"enforce_eager": True, **kw}
+    if not torch.cuda.is_available():
+        kw.setdefault("gpu_memory_utilization", float(os.environ.get("ATOMMEM_VLLM_CPU_MEMORY", "0.15")))
+    return kw
+
+
 class ModelPolicy(Policy):
     name = "model"
 
@@ -94,13 +107,7 @@ class ModelPolicy(Policy):
             path = os.path.abspath(model or default_model_path())
             self.tok = tokenizer or AutoTokenizer.from_pretrained(path)
             # enforce_eager: no graph capture/compilation (about 20 s start on CPU instead of 100 s)
-            kw = {"enforce_eager": True, "seed": seed, "dtype": dtype or "auto", **(vllm_kwargs or {})}
-            import torch
-
-            if not torch.cuda.is_available():
-                # the CPU build reserves gpu_memory_utilization of the *host* memory for its KV cache
-                # (default 0.92: refused on a shared machine); 0.15 is ~1.5 GB here, plenty for 135M
-                kw.setdefault("gpu_memory_utilization", 0.15)
+            kw = vllm_engine_kwargs({"seed": seed, "dtype": dtype or "auto", **(vllm_kwargs or {})})
             self.llm = LLM(model=path, tokenizer=path, **kw)
         elif not base_url:
             raise ValueError("backend openai needs base_url")
