@@ -272,3 +272,15 @@ def test_openai_backend_counts_endpoint_usage(tmp_path):
     assert all(s["model"] == "policy" and s["temperature"] == 0.0 for s in seen)
     rows = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert all(q["prediction"] == "Paris" for q in rows[0]["questions"])
+
+
+def test_policy_env_reaches_policy_episodes_but_not_eval_owned_settings():
+    """A checkpoint is evaluated in its training environment (EvalSettings.policy_env), while the
+    reward, tokenizer and the evaluation's own settings cannot be overridden from there."""
+    from atommem_rl.eval.harness import env_config
+
+    task = _small()[0]
+    cfg = env_config(task, EvalSettings(policy_env={"max_answer_steps": 1, "disable": "update"}), None)
+    assert cfg["max_answer_steps"] == 1 and cfg["disable"] == "update" and cfg["reward"] == "em"
+    with pytest.raises(ValueError, match="reward"):
+        EvalSettings(policy_env={"reward": "f1"})

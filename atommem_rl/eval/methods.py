@@ -60,6 +60,11 @@ ALL_METHODS = ("oracle", "heuristic", "append_all", "rag", "full_context", "mem0
 LLM_METHODS = ("full_context", "rag", "append_all", "mem0", "memagent", "roam", "atommem") + PIPELINE_METHODS
 
 
+# environment settings the evaluation sets itself (EvalSettings fields, the benchmark's reward, the
+# backend's tokenizer): never taken from a policy's training environment (EvalSettings.policy_env)
+EVAL_ENV_KEYS = ("reward", "tokenizer", "chunk_tokens", "max_prompt_tokens", "embedder", "retrieval_k")
+
+
 @dataclass
 class EvalSettings:
     seed: int = 0
@@ -90,8 +95,7 @@ class EvalSettings:
     def __post_init__(self):
         if not isinstance(self.policy_env, dict):
             raise ValueError(f"policy_env must be a mapping of environment settings, got {self.policy_env!r}")
-        fixed = sorted(set(self.policy_env) & {"reward", "tokenizer", "chunk_tokens", "max_prompt_tokens",
-                                                "embedder", "retrieval_k"})
+        fixed = sorted(set(self.policy_env) & set(EVAL_ENV_KEYS))
         if fixed:
             raise ValueError(f"policy_env cannot set {fixed}: they are evaluation settings of their own")
 

@@ -221,7 +221,7 @@ class Quickstart:
         return {k: summary[k] for k in ("output_dir", "global_step", "train_loss", "resumed_from", "seconds")}
 
     def eval_settings(self):
-        from atommem_rl.eval.methods import EvalSettings
+        from atommem_rl.eval.methods import EVAL_ENV_KEYS, EvalSettings
         from atommem_rl.training.recipes import RecipeError, check_recipe
 
         grpo = self._recipe("grpo", ["--output_dir", str(self.out / "grpo")])
@@ -229,8 +229,7 @@ class Quickstart:
         # the evaluated policies see the environment they were trained in
         base = {"chunk_tokens": env.get("chunk_tokens", 512), "max_prompt_tokens": env.get("max_prompt_tokens", 4096),
                 "embedder": env.get("embedder", "hashing"), "policy_max_new_tokens": grpo.max_completion_length,
-                "policy_env": {k: v for k, v in env.items() if k not in ("chunk_tokens", "max_prompt_tokens", "embedder",
-                                                                         "reward", "tokenizer", "retrieval_k")}}
+                "policy_env": {k: v for k, v in env.items() if k not in EVAL_ENV_KEYS}}
         import yaml
 
         # "4" -> 4, "none" stays a string: values typed as YAML scalars, then checked like a recipe
