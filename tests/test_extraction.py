@@ -66,6 +66,22 @@ def test_validate_reports_each_invalid_fact_and_keeps_the_rest():
     assert any("profile kind" in e for e in errors) and any("must be an object" in e for e in errors)
 
 
+def test_a_fact_without_source_turns_is_grounded_in_the_turn_that_holds_it():
+    """Grounding is local (no model call) and refuses a fact no turn supports."""
+    turns = {"S1:1": "I moved to Lisbon last month, the flat is tiny.", "S1:2": "Bo adopted a beagle called Rex."}
+    obj = {"facts": [{"text": "Bo adopted a beagle named Rex."},                      # held by S1:2
+                     {"text": "Ana moved to Lisbon.", "source_turns": []},            # held by S1:1 (2 of 3 terms)
+                     {"text": "Ana plays the cello in an orchestra."},                # held by no turn
+                     {"text": "Bo adopted a beagle.", "source_turns": ["S1:1"]}]}     # named turns are kept
+    facts, errors = validate(obj, set(turns), turns)
+    assert [(f.text, f.source_turns, f.grounded) for f in facts] == [
+        ("Bo adopted a beagle named Rex.", ["S1:2"], True), ("Ana moved to Lisbon.", ["S1:1"], True),
+        ("Bo adopted a beagle.", ["S1:1"], False)]
+    assert len(errors) == 1 and errors[0].startswith("facts[2]") and "source_turns" in errors[0]
+    assert len(validate(obj, set(turns))[0]) == 1  # without the turns' texts: nothing is grounded
+    assert "grounded" not in facts[0].to_dict()
+
+
 def test_time_anchors_are_absolute():
     session = D(2023, 5, 8)  # a Monday
     assert anchor_relative("I went there yesterday", session) == (D(2023, 5, 7),) * 2

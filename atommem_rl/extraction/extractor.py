@@ -9,7 +9,9 @@ Algorithm.
    unit; the ids are what ``source_turns`` must name.
 2. One LLM call per window with :data:`SYSTEM` (the schema of ``schema.py``, one example); all windows
    of a block are sent together (one batched ``generate``).
-3. The reply is parsed and validated (``schema.parse_reply``/``validate``). If it is unreadable or any
+3. The reply is parsed and validated (``schema.parse_reply``/``validate``); a fact that names no
+   ``source_turns`` is grounded locally in the window turn that holds most of its terms
+   (``schema.ground_turns``, counted in ``grounded``). If the reply is unreadable or any
    fact is invalid, the model is asked again with its reply and the list of errors, at most
    ``max_retries`` times (all failing windows of the block in one batch); a reply whose only invalid
    fact is the last one, cut by ``max_new_tokens``, is not retried (counted in ``cut``). The attempt with the most
@@ -71,6 +73,7 @@ class Window:
     turn_ids: list[str]
     speakers: dict[str, str]  # turn id -> speaker ("" for a document sentence)
     text: str  # the rendered window the extractor reads
+    turns: dict[str, str] = field(default_factory=dict)  # turn id -> text (grounds a fact without source_turns)
 
 
 @dataclass
@@ -82,7 +85,7 @@ class WindowResult:
 
 
 STAT_KEYS = ("windows", "calls", "retries", "repaired", "cut", "invalid_replies", "invalid_facts", "invalid_windows",
-             "facts")
+             "facts", "grounded")
 
 
 def block_date(block: Block) -> dt.date | None:
@@ -122,7 +125,7 @@ def windows(task: Task, backend: Backend, s: ExtractSettings, block: Block | Non
                 lines = [head] + [f"[{u.id}] " + (f"{u.speaker}: " if u.speaker else "") + " ".join(u.text.split())
                                   for u in cur]
                 out.append(Window(b.id, day, [u.id for u in cur], {u.id: u.speaker or "" for u in cur},
-                                  "\n".join(lines)))
+                                  "\n".join(lines), {u.id: u.text for u in cur}))
 
         for u in units:
             n = backend.count(u.text) + 8
@@ -146,7 +149,7 @@ def _attempt(reply: str, window: Window) -> tuple[list[Fact], list[str], bool, b
         obj, repaired = parse_reply(reply)
     except SchemaError as exc:
         return [], [str(exc)], False, False, False
-    facts, errors = validate(obj, set(window.turn_ids))
+    facts, errors = validate(obj, set(window.turn_ids), window.turns)
     last = f"facts[{len(obj['facts']) - 1}]"
     return facts, errors, True, repaired, repaired and len(errors) == 1 and errors[0].startswith(last)
 
@@ -202,6 +205,7 @@ def extract_windows(wins: list[Window], s: ExtractSettings, key: Any):
         r.stats["invalid_windows"] = int(not readable)
         r.facts = [_normalise(f, wins[i]) for f in facts]
         r.stats["facts"] = len(r.facts)
+        r.stats["grounded"] = sum(f.grounded for f in r.facts)
     return results
 
 

@@ -16,7 +16,8 @@ reply (code fences and prose around it ignored) is read with ``json.loads``; if 
 repair pass removes trailing commas and closes unbalanced brackets/quotes of a reply that was cut at
 ``max_new_tokens``. Anything still unreadable is an error for the caller to retry. Validation
 (:func:`validate`) keeps every valid fact and reports each invalid one with the reason, so a
-single bad fact never loses its neighbours. ``time`` is normalised to a ``(start, end)`` day span
+single bad fact never loses its neighbours; a fact without ``source_turns`` is grounded in the window
+turn that holds most of its terms (:func:`ground_turns`) and is invalid only when no turn does. ``time`` is normalised to a ``(start, end)`` day span
 (a month or a year becomes its whole range); a relative phrase ("last week") is not a valid anchor:
 the extractor must resolve it against the session date (:func:`anchor_relative` does the same
 deterministically for the gold data and for a fact that left ``time`` null).
@@ -55,6 +56,7 @@ class Fact:
     time: tuple[dt.date, dt.date] | None = None
     source_turns: list[str] = field(default_factory=list)
     profile: list[ProfileItem] = field(default_factory=list)
+    grounded: bool = False  # source_turns were missing and found locally (:func:`ground_turns`), not by the model
 
     def time_str(self) -> str | None:
         if self.time is None:
@@ -208,8 +210,32 @@ def _strings(value, what: str, limit: int) -> list[str]:
     return out[:limit]
 
 
-def validate_fact(raw, turn_ids: set[str]) -> Fact:
-    """One fact, or ValueError naming what is wrong."""
+GROUND_MIN_SHARE = 0.6
+
+
+def ground_turns(text: str, turns: dict[str, str], min_share: float = GROUND_MIN_SHARE) -> list[str]:
+    """The window turn a fact that named no ``source_turns`` comes from: the turn sharing the largest
+    share of the fact's index terms (stemmed, stop words dropped), if that share is at least
+    ``min_share``; ties keep the earliest turn. ``[]`` when no turn supports the fact, which then stays
+    invalid. This is the one piece of metadata the window itself determines: asking the model again
+    costs a whole extraction call (window, reply and error list re-sent), and small extractors omit the
+    field far more often than they invent the fact (measured on LoCoMo, docs/BENCHMARKS.md)."""
+    from atommem_rl.memory.text import terms
+
+    want = set(terms(text))
+    if not want:
+        return []
+    best, share = None, 0.0
+    for tid, turn in turns.items():
+        s = len(want & set(terms(turn))) / len(want)
+        if s > share:
+            best, share = tid, s
+    return [best] if best is not None and share >= min_share else []
+
+
+def validate_fact(raw, turn_ids: set[str], turn_texts: dict[str, str] | None = None) -> Fact:
+    """One fact, or ValueError naming what is wrong. With ``turn_texts`` (turn id -> text), a fact
+    without ``source_turns`` is grounded locally (:func:`ground_turns`) instead of being invalid."""
     if not isinstance(raw, dict):
         raise ValueError(f"a fact must be an object, got {type(raw).__name__}")
     text = raw.get("text")
@@ -219,6 +245,10 @@ def validate_fact(raw, turn_ids: set[str]) -> Fact:
     if len(text) > MAX_TEXT:
         raise ValueError(f'"text" has {len(text)} characters (at most {MAX_TEXT})')
     src = _strings(raw.get("source_turns"), "source_turns", 32)
+    grounded = False
+    if not src and turn_texts:
+        src = ground_turns(text, turn_texts)
+        grounded = bool(src)
     if not src:
         raise ValueError('"source_turns" must name at least one turn of the window')
     unknown = [s for s in src if s not in turn_ids]
@@ -236,15 +266,15 @@ def validate_fact(raw, turn_ids: set[str]) -> Fact:
                                    " ".join(p["value"].split()), kind))
     return Fact(text=text, participants=_strings(raw.get("participants"), "participants", 8),
                 keywords=_strings(raw.get("keywords"), "keywords", MAX_KEYWORDS),
-                time=parse_time(raw.get("time")), source_turns=src, profile=profile)
+                time=parse_time(raw.get("time")), source_turns=src, profile=profile, grounded=grounded)
 
 
-def validate(obj: dict, turn_ids: set[str]) -> tuple[list[Fact], list[str]]:
-    """(valid facts, one error message per invalid fact)."""
+def validate(obj: dict, turn_ids: set[str], turn_texts: dict[str, str] | None = None) -> tuple[list[Fact], list[str]]:
+    """(valid facts, one error message per invalid fact); ``turn_texts`` as in :func:`validate_fact`."""
     facts, errors = [], []
     for i, raw in enumerate(obj.get("facts") or []):
         try:
-            facts.append(validate_fact(raw, turn_ids))
+            facts.append(validate_fact(raw, turn_ids, turn_texts))
         except ValueError as exc:
             errors.append(f"facts[{i}]: {exc}")
     return facts, errors
