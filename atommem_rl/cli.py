@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 # subcommand -> module in atommem_rl.commands (an import path, not a registry)
 COMMANDS = {
@@ -34,8 +36,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM (kill, scancel, a CI timeout) unwinds like Ctrl-C instead of killing the interpreter on
+    # the spot: `finally` blocks drop their Chroma collections and vLLM's finalizers stop its engine
+    # processes, which were left running, orphaned, when the default handler ended the process.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -55,3 +55,38 @@ def test_bench_env_json_contract():
         assert fig["step_ms_median"] > 0 and fig["prompt_ms"] > 0 and fig["tools_ms"] > 0
     assert r["ratio_write_through_over_default"] == pytest.approx(
         r["write_through"]["step_ms_median"] / r["step_ms_median"], rel=0.02)
+
+
+def test_sigterm_unwinds_the_command_so_cleanup_runs(tmp_path):
+    """SIGTERM ends a command like Ctrl-C does: its ``finally`` blocks run (that is where stores are
+    dropped and where vLLM's engine processes get stopped instead of being orphaned) and the exit
+    status is 128 + 15."""
+    import signal
+    import time
+
+    marker = tmp_path / "cleaned"
+    code = f"""
+import argparse, sys, time
+import atommem_rl.cli as cli
+
+def blocking(args):
+    try:
+        print("ready", flush=True)
+        time.sleep(120)
+    finally:
+        open({str(marker)!r}, "w").write("yes")
+
+def parser():
+    p = argparse.ArgumentParser()
+    p.set_defaults(func=blocking, command="block")
+    return p
+
+cli.build_parser = parser
+sys.exit(cli.main([]))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert marker.read_text() == "yes"
