@@ -48,7 +48,7 @@ class ScriptedBackend(Backend):
             text = r.messages[-1]["content"]
             self.prompts.append(text)
             out = self.reply(r.messages[0]["content"], text)
-            self._account(r.key, self.count(self.render(r.messages)), self.count(out))
+            self._account(r.key, self.count(self.render(r.messages)), self.count(out), role=r.role)
             outs.append(out)
         return outs
 

@@ -119,7 +119,7 @@ class Chat(ScriptedBackend):
         outs = []
         for r in requests:
             out = self.reply(r.messages[1]["content"], (len(r.messages) - 2) // 2)
-            self._account(r.key, self.count(self.render(r.messages)), self.count(out))
+            self._account(r.key, self.count(self.render(r.messages)), self.count(out), role=r.role)
             outs.append(out)
         return outs
 
@@ -265,6 +265,11 @@ def test_extraction_calls_go_to_a_separate_extractor_model(tmp_path):
     assert len(reader.prompts) == st["verify_calls"] + len(task.questions)
     assert row["usage"]["calls"] == st["calls"] + st["verify_calls"] + len(task.questions)
     assert not extractor.usage and not reader.usage  # taken, from both models
+    # the same calls split by what they were for (issue 7's extraction / verification / answering)
+    assert {k: v["calls"] for k, v in row["usage"]["by_role"].items()} == {
+        "extract": st["calls"], "verify": st["verify_calls"], "reader": len(task.questions)}
+    res = m["results"]["atommem_graph"]["synth"]
+    assert sum(res["tokens_by_role_per_task"].values()) == res["tokens_per_task"]
     assert m["settings"]["methods_info"]["atommem_graph"]["models"] == {"reader": "scripted", "extract": "scripted"}
 
 

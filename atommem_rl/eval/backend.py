@@ -3,7 +3,9 @@
 ``Backend.generate(requests)`` takes :class:`Request` objects (chat messages, ``max_new_tokens``,
 the key of the task they belong to) and returns one text per request, in order. Every request is
 one LLM call: ``usage[key]`` accumulates ``calls``, ``prompt_tokens`` (the rendered chat prompt the
-model actually read) and ``completion_tokens`` (generated tokens up to and including the end token).
+model actually read) and ``completion_tokens`` (generated tokens up to and including the end token),
+and the same split by the request's ``role`` (``take_usage(key)["by_role"]``: e.g. the graph-memory
+pipeline's ``extract``, ``verify`` and ``reader`` (answer) calls; mem0's and MemAgent's ``manage``).
 
     hf       Hugging Face ``generate``: requests sorted by length, left-padded, ``batch_size`` per
              forward; greedy. Loads a model folder or a LoRA adapter folder through
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cut_prompts")
+ROLE_KEYS = ("calls", "prompt_tokens", "completion_tokens")
 
 
 @dataclass
@@ -34,7 +37,18 @@ class Request:
     messages: list[dict]
     max_new_tokens: int
     key: Any = None
-    role: str = "reader"  # which model answers it under a RoutedBackend ("extract": the fact extractor)
+    role: str = "reader"  # what the call is for (usage is split by it); a RoutedBackend also routes by it
+
+
+def merge_roles(parts) -> dict[str, dict[str, int]]:
+    """Sum several ``by_role`` dicts."""
+    out: dict[str, dict[str, int]] = {}
+    for part in parts:
+        for role, u in part.items():
+            o = out.setdefault(role, dict.fromkeys(ROLE_KEYS, 0))
+            for k in ROLE_KEYS:
+                o[k] += u.get(k, 0)
+    return out
 
 
 class Backend:
@@ -45,6 +59,7 @@ class Backend:
         self.tokenizer = tokenizer
         self.context_window = int(context_window)
         self.usage: dict[Any, dict[str, int]] = defaultdict(lambda: dict.fromkeys(USAGE_KEYS, 0))
+        self.role_usage: dict[Any, dict[str, dict[str, int]]] = defaultdict(dict)
 
     # ---------------------------------------------------------------- counting helpers
     def render(self, messages: list[dict]) -> str:
@@ -60,15 +75,19 @@ class Backend:
         ids = ids[:n] if keep == "head" else ids[len(ids) - n:]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _account(self, key, prompt_tokens: int, completion_tokens: int, cut: bool = False) -> None:
-        u = self.usage[key]
-        u["calls"] += 1
-        u["prompt_tokens"] += int(prompt_tokens)
-        u["completion_tokens"] += int(completion_tokens)
-        u["cut_prompts"] += int(cut)
+    def _account(self, key, prompt_tokens: int, completion_tokens: int, cut: bool = False, role: str = "reader") -> None:
+        r = self.role_usage[key].setdefault(role, dict.fromkeys(ROLE_KEYS, 0))
+        for u in (self.usage[key], r):
+            u["calls"] += 1
+            u["prompt_tokens"] += int(prompt_tokens)
+            u["completion_tokens"] += int(completion_tokens)
+        self.usage[key]["cut_prompts"] += int(cut)
 
-    def take_usage(self, key) -> dict[str, int]:
-        return dict(self.usage.pop(key, dict.fromkeys(USAGE_KEYS, 0)))
+    def take_usage(self, key) -> dict:
+        """The task's counts (and pops them): ``USAGE_KEYS`` plus ``by_role`` {role: ``ROLE_KEYS``}."""
+        out: dict = dict(self.usage.pop(key, dict.fromkeys(USAGE_KEYS, 0)))
+        out["by_role"] = self.role_usage.pop(key, {})
+        return out
 
     def generate(self, requests: list[Request]) -> list[str]:  # pragma: no cover - interface
         raise NotImplementedError
@@ -141,7 +160,7 @@ class HFBackend(Backend):
                         n = j + 1
                         break
                 outs[i] = tok.decode(row[:n], skip_special_tokens=True)
-                self._account(requests[i].key, len(ids), n, cut)
+                self._account(requests[i].key, len(ids), n, cut, requests[i].role)
         return outs
 
 
@@ -170,7 +189,7 @@ class VLLMBackend(Backend):
         outs = self.llm.chat([r.messages for r in requests], params, use_tqdm=False)
         texts = []
         for r, o in zip(requests, outs):
-            self._account(r.key, len(o.prompt_token_ids or []), len(o.outputs[0].token_ids))
+            self._account(r.key, len(o.prompt_token_ids or []), len(o.outputs[0].token_ids), role=r.role)
             texts.append(o.outputs[0].text)
         return texts
 
@@ -211,7 +230,7 @@ class OpenAIBackend(Backend):
             raise ConnectionError(f"model endpoint {self.url} failed: {exc}") from exc
         usage = body.get("usage") or {}
         self._account(r.key, usage.get("prompt_tokens") or self.count(self.render(r.messages)),
-                      usage.get("completion_tokens") or self.count(text))
+                      usage.get("completion_tokens") or self.count(text), role=r.role)
         return text
 
     def generate(self, requests: list[Request]) -> list[str]:
@@ -245,9 +264,11 @@ class RoutedBackend(Backend):
                 out[i] = text
         return out
 
-    def take_usage(self, key) -> dict[str, int]:
+    def take_usage(self, key) -> dict:
         parts = [b.take_usage(key) for b in {id(b): b for b in [self.reader, *self.routes.values()]}.values()]
-        return {k: sum(p.get(k, 0) for p in parts) for k in USAGE_KEYS}
+        out: dict = {k: sum(p.get(k, 0) for p in parts) for k in USAGE_KEYS}
+        out["by_role"] = merge_roles(p.get("by_role") or {} for p in parts)
+        return out
 
     def close(self) -> None:
         for b in self.routes.values():

@@ -396,7 +396,7 @@ def run_mem0(ep, backend, s, key, embedder):
             listing = "\n".join(f"[{i}] {v.atom.text}" for i, v in enumerate(cands)) or "(none)"
             msgs = [{"role": "system", "content": MEM0_SYSTEM},
                     {"role": "user", "content": f"Existing similar memories:\n{listing}\n\nNew fact: {fact}\n\nOperation:"}]
-            (out,) = yield [Request(msgs, s.manager_max_new_tokens, key)]
+            (out,) = yield [Request(msgs, s.manager_max_new_tokens, key, role="manage")]
             ev, idx, new_text, ok = parse_mem0(out, len(cands))
             if not ok:
                 ep.op("parse_failures")
@@ -445,7 +445,7 @@ def run_memagent(ep, backend, s, key, embedder):
         msgs = [{"role": "system", "content": MEMAGENT_SYSTEM.format(n=s.memagent_memory_tokens)},
                 {"role": "user", "content": f"# Questions\n{qtext}\n\n# Current memory\n{memory or '(empty)'}\n\n"
                                             f"# New chunk ({i + 1} of {len(chunks)})\n{chunk}\n\nNew memory:"}]
-        (out,) = yield [Request(msgs, s.memagent_memory_tokens, key)]
+        (out,) = yield [Request(msgs, s.memagent_memory_tokens, key, role="manage")]
         memory = backend.truncate(out.strip(), s.memagent_memory_tokens)
         ep.op("rewrite")
         ep.step("chunk", chunk, [out], [{"handle": "memory", "text": memory, "role": "primary", "relations": {},
@@ -489,7 +489,7 @@ def run_roam(ep, backend, s, key, embedder):
                 listing = "\n".join(f"{i + 1}. {v.atom.text}" for i, v in enumerate(cands))
                 msgs = [{"role": "system", "content": ROAM_SYSTEM},
                         {"role": "user", "content": f"NEW: {fact}\nOLDER:\n{listing}\n\nLabels:"}]
-                (out,) = yield [Request(msgs, s.manager_max_new_tokens, key)]
+                (out,) = yield [Request(msgs, s.manager_max_new_tokens, key, role="label")]
                 labels, ok = parse_roam(out, len(cands))
                 if not ok:
                     ep.op("parse_failures")

@@ -13,7 +13,9 @@ Schema (all scores in 0-1; ``null`` where a metric does not apply)::
           "confounder_token_share" share of shown tokens from confounder/distractor units,
           "relation_pairs", "relation_accuracy", "relation_macro_f1"   vs gold labels,
           "llm_calls_per_task", "prompt_tokens_per_task", "completion_tokens_per_task",
-          "tokens_per_task" (prompt + completion of the method's LLM calls), "env_tokens_per_task"
+          "tokens_per_task" (prompt + completion of the method's LLM calls), "tokens_by_role_per_task"
+          and "calls_by_role_per_task" ({role: n}: the same split by what each call was for: "extract",
+          "verify", "reader" (answers), "manage" (mem0, MemAgent), "label" (ROAM)), "env_tokens_per_task"
           (policy methods: the prompt + completion tokens the environment counted, LLM or not),
           "seconds_per_task", "ops_per_task": {op: n}, "memory_size", "context_truncated" (full
           context: mean share of input tokens cut), "cut_prompts", "crashes"}}},
@@ -68,6 +70,11 @@ def aggregate(records: list[dict]) -> dict:
     res["completion_tokens_per_task"] = u("completion_tokens")
     res["tokens_per_task"] = res["prompt_tokens_per_task"] + res["completion_tokens_per_task"]
     res["cut_prompts"] = int(u("cut_prompts") * n)
+    from .backend import merge_roles
+
+    roles = merge_roles((r.get("usage") or {}).get("by_role") or {} for r in records)
+    res["tokens_by_role_per_task"] = {role: (v["prompt_tokens"] + v["completion_tokens"]) / n for role, v in sorted(roles.items())}
+    res["calls_by_role_per_task"] = {role: v["calls"] / n for role, v in sorted(roles.items())}
     env = [r["extra"].get("env_tokens") for r in records if (r.get("extra") or {}).get("env_tokens")]
     res["env_tokens_per_task"] = (sum(e.get("prompt", 0) + e.get("completion", 0) for e in env) / len(env)) if env else None
     res["seconds_per_task"] = sum(r.get("seconds", 0.0) for r in records) / n
@@ -110,7 +117,7 @@ def efficiency(results: dict) -> dict:
         get = lambda m: (results.get(m) or {}).get(d)  # noqa: E731
         row = {}
         for base in ("mem0", "full_context"):
-            for ours in ("atommem", "roam"):
+            for ours in ("atommem", "roam", "atommem_graph"):
                 a, b = get(ours), get(base)
                 if a and b:
                     r = _ratio(a["tokens_per_task"], b["tokens_per_task"])

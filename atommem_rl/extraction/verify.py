@@ -92,7 +92,7 @@ def requests(planned: list[Planned], s: VerifySettings, key: Any) -> tuple[list[
         lines = [f"{n}. NEW: {planned[i].fact.text}\n   OLD: {planned[i].candidates[j][0].atom.text}"
                  for n, (i, j) in enumerate(part, 1)]
         msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "\n".join(lines) + "\n\nLabels:"}]
-        reqs.append(Request(msgs, s.max_new_tokens_per_pair * len(part) + 4, key))
+        reqs.append(Request(msgs, s.max_new_tokens_per_pair * len(part) + 4, key, role="verify"))
         index.append(part)
     return reqs, index
 
