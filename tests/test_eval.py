@@ -41,12 +41,14 @@ class ScriptedBackend(Backend):
         super().__init__("scripted", cached_smollm2_tokenizer(), 8192)
         self.reply = reply
         self.prompts = []
+        self.calls = []
 
     def generate(self, requests):
         outs = []
         for r in requests:
             text = r.messages[-1]["content"]
             self.prompts.append(text)
+            self.calls.append(r)
             out = self.reply(r.messages[0]["content"], text)
             self._account(r.key, self.count(self.render(r.messages)), self.count(out), role=r.role)
             outs.append(out)
@@ -74,6 +76,46 @@ def test_oracle_reaches_upper_bound_through_harness(tmp_path):
     assert saved["settings"]["seed"] == 0 and saved["settings"]["datasets"]["synth_docs"]["tasks"] == 4
     rows = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 7 and all(r["questions"] for r in rows)
+
+
+def test_a_killed_run_resumes_without_redoing_finished_methods(tmp_path):
+    """Finished (method, dataset) pairs survive a crash in records.partial.jsonl; ``resume`` skips
+    them (no LLM call made again) and the final metrics equal those of a run that was never killed."""
+    tasks = {"a": _small(2, docs=3), "b": _small(1, docs=3, seed=4)}
+    full = evaluate(tasks, ["oracle", "append_all", "rag"], tmp_path / "full", settings=EvalSettings(viewer_tasks=1),
+                    backend=ScriptedBackend(lambda *_: "unknown"), log=lambda *_: None)
+
+    class Dies(ScriptedBackend):
+        def generate(self, requests):
+            if any(r.key[0] == "rag" for r in requests):
+                raise RuntimeError("killed")
+            return super().generate(requests)
+
+    out = tmp_path / "run"
+    with pytest.raises(RuntimeError):
+        evaluate(tasks, ["oracle", "append_all", "rag"], out, settings=EvalSettings(viewer_tasks=1),
+                 backend=Dies(lambda *_: "unknown"), log=lambda *_: None)
+    assert not (out / "metrics.json").exists() and (out / "records.partial.jsonl").exists()
+    with (out / "records.partial.jsonl").open("a") as fh:
+        fh.write('{"record": {"method": "rag", "datas')  # torn by the kill: ignored
+    again = ScriptedBackend(lambda *_: "unknown")
+    logs = []
+    m = evaluate(tasks, ["oracle", "append_all", "rag"], out, settings=EvalSettings(viewer_tasks=1), backend=again,
+                 resume=True, log=logs.append)
+    assert json.loads(logs[0])["done"] == ["append_all/a", "append_all/b", "oracle/a", "oracle/b"]
+    assert {r.key[0] for r in again.calls} == {"rag"}  # only the unfinished method ran
+    assert not (out / "records.partial.jsonl").exists()
+    for meth in ("oracle", "append_all", "rag"):
+        for d in tasks:
+            a, b = m["results"][meth][d], full["results"][meth][d]
+            assert (a["em"], a["f1"], a["tokens_per_task"], a["llm_calls_per_task"]) == (
+                b["em"], b["f1"], b["tokens_per_task"], b["llm_calls_per_task"]), (meth, d)
+    # a partial file of another run (other settings): nothing is resumed from it
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "records.partial.jsonl").write_text('{"header": {"settings": {"seed": 1}}}\n')
+    logs.clear()
+    evaluate(tasks, ["oracle"], tmp_path / "other", settings=EvalSettings(viewer_tasks=1), resume=True, log=logs.append)
+    assert "starting over" in logs[0]
 
 
 def test_every_method_runs_and_counts_calls(tmp_path, tiny):

@@ -45,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-blocks", type=int, default=None, help="keep the first N blocks of each task and the "
                    "questions answerable from them (same subset for every method; recorded)")
     p.add_argument("--gen-batch-size", type=int, default=8, help="prompts per Hugging Face generate call")
+    p.add_argument("--resume", action="store_true", help="continue a killed run in --out: skip the (method, "
+                   "dataset) pairs its records.partial.jsonl holds (same settings, tasks and models only)")
     p.add_argument("--run-logs", default=None, help="a training run folder (trainer_state.json) for the ops plot")
     for f in ("seed", "retrieval_k", "embedder", "reader_max_new_tokens", "manager_max_new_tokens",
               "policy_max_new_tokens", "context_tokens", "rag_chunk_tokens", "mem0_k", "memagent_chunk_tokens",
@@ -105,7 +107,7 @@ def main(args) -> int:
              "model": args.model or "checkpoints/base/smollm2-135m-instruct", "checkpoints": args.checkpoint,
              "gen_batch_size": args.gen_batch_size, "extractor_model": args.extractor_model, "trains": False}
     metrics = evaluate(datasets, methods, args.out, settings=settings, backend_factory=factory, checkpoints=ckpts,
-                       run_logs=args.run_logs, extra_settings=extra, extractor=extractor)
+                       run_logs=args.run_logs, extra_settings=extra, extractor=extractor, resume=args.resume)
     summary = {m: {d: {"em": r["em"], "f1": r["f1"], "tokens_per_task": r["tokens_per_task"]} for d, r in by.items()}
                for m, by in metrics["results"].items()}
     print(json.dumps({"out": args.out, "results": summary}))

@@ -174,13 +174,17 @@ def mechanism(task: Task, ep: Episode, count) -> tuple[float | None, float | Non
 def evaluate(datasets: dict[str, list[Task]], methods: list[str], out_dir: str | Path, *,
              settings: EvalSettings | None = None, backend: Backend | None = None, backend_factory=None,
              checkpoints: dict[str, Any] | None = None, run_logs: str | None = None,
-             extra_settings: dict | None = None, extractor=None, log=print) -> dict:
+             extra_settings: dict | None = None, extractor=None, resume: bool = False, log=print) -> dict:
     """Run and score every method on every dataset; write all outputs; return metrics.json's dict.
 
     ``backend`` (or ``backend_factory()``, called once when an LLM method needs it) is the reader;
     ``checkpoints`` maps ``checkpoint:NAME`` methods to a backend or a factory for it; ``extractor``
     (a backend or a factory) answers the graph-memory pipeline's extraction calls instead of the
     reader (a trained extractor beside a general reader); their tokens are counted together.
+
+    Each finished (method, dataset) is appended to ``records.partial.jsonl`` in ``out_dir`` (removed
+    when the run completes), so a run that is killed loses only the pair in progress; with ``resume``
+    a rerun with the same settings, datasets and methods' models skips the pairs recorded there.
     """
     from . import metrics as M
     from .report import write_report
@@ -196,7 +200,14 @@ def evaluate(datasets: dict[str, list[Task]], methods: list[str], out_dir: str |
     embedder = make_embedder(s.embedder)
     records: list[dict] = []
     method_info: dict[str, dict] = {}
+    partial = _Partial(out / "records.partial.jsonl", s, datasets, extra_settings, log)
+    done = partial.load() if resume else set()
+    records += partial.records
+    method_info.update(partial.method_info)
+    partial.start(keep=resume)
     for method in methods:
+        if all((method, d) in done for d in datasets):
+            continue
         mb: Backend | None = None
         if method.startswith("checkpoint:"):
             spec = checkpoints[method]
@@ -216,7 +227,10 @@ def evaluate(datasets: dict[str, list[Task]], methods: list[str], out_dir: str |
         if isinstance(mb, RoutedBackend):
             method_info[method]["models"] = {"reader": mb.reader.model_name,
                                              **{r: b.model_name for r, b in mb.routes.items()}}
+        partial.write({"method_info": {method: method_info[method]}})
         for dname, tasks in datasets.items():
+            if (method, dname) in done:
+                continue
             t0 = time.perf_counter()
             prefix = (method, dname)
             if method in READERS:
@@ -247,6 +261,7 @@ def evaluate(datasets: dict[str, list[Task]], methods: list[str], out_dir: str |
                     "calls": 0, "prompt_tokens": 0, "completion_tokens": 0, "cut_prompts": 0}
                 rec["seconds"] = seconds / max(1, len(tasks))
                 records.append(rec)
+                partial.write({"record": rec})
             res = M.aggregate([r for r in records if r["method"] == method and r["dataset"] == dname])
             log(json.dumps({"method": method, "dataset": dname, "tasks": len(tasks), "em": res["em"], "f1": res["f1"],
                             "tokens_per_task": res["tokens_per_task"], "seconds_per_task": res["seconds_per_task"]}))
@@ -264,7 +279,67 @@ def evaluate(datasets: dict[str, list[Task]], methods: list[str], out_dir: str |
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
     write_report(metrics, out / "report.md")
     write_viewer(records, out / "viewer.html")
+    partial.remove()
     return metrics
+
+
+class _Partial:
+    """``records.partial.jsonl``: a header line (the run's fingerprint: settings, datasets and their
+    task ids, the caller's extra settings such as model paths), then ``{"method_info": ...}`` and
+    ``{"record": ...}`` lines as (method, dataset) pairs finish. A pair counts as done when all its
+    tasks' records are there; a file whose header differs from this run is not resumed from."""
+
+    def __init__(self, path: Path, settings, datasets: dict, extra: dict | None, log):
+        from dataclasses import asdict
+
+        self.path, self.log = path, log
+        self.header = json.loads(json.dumps({"settings": asdict(settings), "extra": extra or {},
+                                             "datasets": {d: [t.id for t in ts] for d, ts in datasets.items()}},
+                                            default=str))
+        self.sizes = {d: len(ts) for d, ts in datasets.items()}
+        self.records: list[dict] = []
+        self.method_info: dict[str, dict] = {}
+
+    def load(self) -> set[tuple[str, str]]:
+        if not self.path.exists():
+            return set()
+        lines = []
+        for x in self.path.read_text(encoding="utf-8").splitlines():
+            try:
+                lines.append(json.loads(x))
+            except ValueError:  # the line being written when the run was killed
+                break
+        if not lines or lines[0].get("header") != self.header:
+            self.log(json.dumps({"resume": str(self.path), "skipped": "settings, datasets or models differ: starting over"}))
+            return set()
+        recs = [x["record"] for x in lines[1:] if "record" in x]
+        count: dict[tuple[str, str], int] = {}
+        for r in recs:
+            count[(r["method"], r["dataset"])] = count.get((r["method"], r["dataset"]), 0) + 1
+        done = {k for k, n in count.items() if n == self.sizes.get(k[1])}
+        self.records = [r for r in recs if (r["method"], r["dataset"]) in done]
+        for x in lines[1:]:
+            self.method_info.update({m: i for m, i in (x.get("method_info") or {}).items()
+                                     if any(k[0] == m for k in done)})
+        self.log(json.dumps({"resume": str(self.path), "done": sorted(f"{m}/{d}" for m, d in done)}))
+        return done
+
+    def start(self, keep: bool) -> None:
+        """Rewrite the file with the header and what is kept (a torn last line is dropped)."""
+        with self.path.open("w", encoding="utf-8") as fh:
+            fh.write(json.dumps({"header": self.header}) + "\n")
+            if keep:
+                for m, info in self.method_info.items():
+                    fh.write(json.dumps({"method_info": {m: info}}, default=str) + "\n")
+                for r in self.records:
+                    fh.write(json.dumps({"record": r}, default=str) + "\n")
+
+    def write(self, obj: dict) -> None:
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(obj, default=str) + "\n")
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
 
 
 def _word_count(text: str) -> int:
