@@ -80,6 +80,17 @@ def test_a_fact_without_source_turns_is_grounded_in_the_turn_that_holds_it():
     assert len(errors) == 1 and errors[0].startswith("facts[2]") and "source_turns" in errors[0]
     assert len(validate(obj, set(turns))[0]) == 1  # without the turns' texts: nothing is grounded
     assert "grounded" not in facts[0].to_dict()
+    # ids outside the window (a copied first id, an invented one) are dropped, then grounded the same
+    # way; a time that is not a date is dropped (anchored later from the text or the session date)
+    obj = {"facts": [{"text": "Bo adopted a beagle called Rex.", "source_turns": ["S1:2:7"]},
+                     {"text": "Ana moved to Lisbon.", "source_turns": ["S1:1", "S4:1"], "time": "three"},
+                     {"text": "Ana plays the cello in an orchestra.", "source_turns": ["S9:9"]}]}
+    facts, errors = validate(obj, set(turns), turns)
+    assert [(f.source_turns, f.grounded, f.time, f.retimed) for f in facts] == [
+        (["S1:2"], True, None, False), (["S1:1"], False, None, True)]
+    assert len(errors) == 1 and errors[0].startswith("facts[2]") and "outside the window: ['S9:9']" in errors[0]
+    facts, errors = validate(obj, set(turns))  # without the turns' texts the model's metadata must be right
+    assert facts == [] and len(errors) == 3 and "outside the window: ['S4:1']" in errors[1]
 
 
 def test_time_anchors_are_absolute():

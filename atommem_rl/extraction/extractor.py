@@ -9,9 +9,11 @@ Algorithm.
    unit; the ids are what ``source_turns`` must name.
 2. One LLM call per window with :data:`SYSTEM` (the schema of ``schema.py``, one example); all windows
    of a block are sent together (one batched ``generate``).
-3. The reply is parsed and validated (``schema.parse_reply``/``validate``); a fact that names no
-   ``source_turns`` is grounded locally in the window turn that holds most of its terms
-   (``schema.ground_turns``, counted in ``grounded``). If the reply is unreadable or any
+3. The reply is parsed and validated (``schema.parse_reply``/``validate``); metadata the window
+   determines is repaired locally, not by another call: a fact whose ``source_turns`` are missing or
+   outside the window is grounded in the window turn that holds most of its terms
+   (``schema.ground_turns``, counted in ``grounded``), and a ``time`` that is not a date is dropped
+   (counted in ``retimed``) and anchored in step 4. If the reply is unreadable or any
    fact is invalid, the model is asked again with its reply and the list of errors, at most
    ``max_retries`` times (all failing windows of the block in one batch); a reply whose only invalid
    fact is the last one, cut by ``max_new_tokens``, is not retried (counted in ``cut``). The attempt with the most
@@ -85,7 +87,7 @@ class WindowResult:
 
 
 STAT_KEYS = ("windows", "calls", "retries", "repaired", "cut", "invalid_replies", "invalid_facts", "invalid_windows",
-             "facts", "grounded")
+             "facts", "grounded", "retimed")
 
 
 def block_date(block: Block) -> dt.date | None:
@@ -206,6 +208,7 @@ def extract_windows(wins: list[Window], s: ExtractSettings, key: Any):
         r.facts = [_normalise(f, wins[i]) for f in facts]
         r.stats["facts"] = len(r.facts)
         r.stats["grounded"] = sum(f.grounded for f in r.facts)
+        r.stats["retimed"] = sum(f.retimed for f in r.facts)
     return results
 
 

@@ -16,8 +16,12 @@ reply (code fences and prose around it ignored) is read with ``json.loads``; if 
 repair pass removes trailing commas and closes unbalanced brackets/quotes of a reply that was cut at
 ``max_new_tokens``. Anything still unreadable is an error for the caller to retry. Validation
 (:func:`validate`) keeps every valid fact and reports each invalid one with the reason, so a
-single bad fact never loses its neighbours; a fact without ``source_turns`` is grounded in the window
-turn that holds most of its terms (:func:`ground_turns`) and is invalid only when no turn does. ``time`` is normalised to a ``(start, end)`` day span
+single bad fact never loses its neighbours. Metadata the window itself determines is repaired
+locally rather than by asking the model again (given the window's turn texts): ids outside the
+window are dropped from ``source_turns``, and a fact left with none is grounded in the window turn
+that holds most of its terms (:func:`ground_turns`), invalid only when no turn does; a ``time`` that
+is not a date is dropped (the extractor then anchors the fact from its text or the session date).
+``time`` is normalised to a ``(start, end)`` day span
 (a month or a year becomes its whole range); a relative phrase ("last week") is not a valid anchor:
 the extractor must resolve it against the session date (:func:`anchor_relative` does the same
 deterministically for the gold data and for a fact that left ``time`` null).
@@ -56,7 +60,8 @@ class Fact:
     time: tuple[dt.date, dt.date] | None = None
     source_turns: list[str] = field(default_factory=list)
     profile: list[ProfileItem] = field(default_factory=list)
-    grounded: bool = False  # source_turns were missing and found locally (:func:`ground_turns`), not by the model
+    grounded: bool = False  # source_turns were missing or outside the window and found locally (:func:`ground_turns`)
+    retimed: bool = False  # the model's time was not a date; dropped, so normalisation anchors it from the text
 
     def time_str(self) -> str | None:
         if self.time is None:
@@ -234,8 +239,10 @@ def ground_turns(text: str, turns: dict[str, str], min_share: float = GROUND_MIN
 
 
 def validate_fact(raw, turn_ids: set[str], turn_texts: dict[str, str] | None = None) -> Fact:
-    """One fact, or ValueError naming what is wrong. With ``turn_texts`` (turn id -> text), a fact
-    without ``source_turns`` is grounded locally (:func:`ground_turns`) instead of being invalid."""
+    """One fact, or ValueError naming what is wrong. With ``turn_texts`` (turn id -> text), the
+    window's own metadata is repaired locally instead of making the fact invalid: ids outside the
+    window are dropped from ``source_turns`` and a fact left without any is grounded
+    (:func:`ground_turns`); a ``time`` that does not parse is dropped (``retimed``)."""
     if not isinstance(raw, dict):
         raise ValueError(f"a fact must be an object, got {type(raw).__name__}")
     text = raw.get("text")
@@ -244,16 +251,28 @@ def validate_fact(raw, turn_ids: set[str], turn_texts: dict[str, str] | None = N
     text = " ".join(text.split())
     if len(text) > MAX_TEXT:
         raise ValueError(f'"text" has {len(text)} characters (at most {MAX_TEXT})')
-    src = _strings(raw.get("source_turns"), "source_turns", 32)
+    named = _strings(raw.get("source_turns"), "source_turns", 32)
+    src = [t for t in named if t in turn_ids] if turn_texts else named
     grounded = False
     if not src and turn_texts:
+        # small extractors trained elsewhere often copy a session's first id or invent one
+        # ("D2:1", "D1:17:12", measured on LoCoMo): the turn holding the fact's terms is the source
         src = ground_turns(text, turn_texts)
         grounded = bool(src)
+    if not src and named:
+        raise ValueError(f'"source_turns" names turns outside the window: {named}')
     if not src:
         raise ValueError('"source_turns" must name at least one turn of the window')
     unknown = [s for s in src if s not in turn_ids]
     if unknown:
         raise ValueError(f'"source_turns" names turns outside the window: {unknown}')
+    retimed = False
+    try:
+        time = parse_time(raw.get("time"))
+    except ValueError:
+        if not turn_texts:
+            raise
+        time, retimed = None, True
     profile = []
     for p in (raw.get("profile") or [])[:MAX_PROFILE]:
         if not isinstance(p, dict) or not all(isinstance(p.get(k), str) and p.get(k).strip()
@@ -266,7 +285,7 @@ def validate_fact(raw, turn_ids: set[str], turn_texts: dict[str, str] | None = N
                                    " ".join(p["value"].split()), kind))
     return Fact(text=text, participants=_strings(raw.get("participants"), "participants", 8),
                 keywords=_strings(raw.get("keywords"), "keywords", MAX_KEYWORDS),
-                time=parse_time(raw.get("time")), source_turns=src, profile=profile, grounded=grounded)
+                time=time, source_turns=src, profile=profile, grounded=grounded, retimed=retimed)
 
 
 def validate(obj: dict, turn_ids: set[str], turn_texts: dict[str, str] | None = None) -> tuple[list[Fact], list[str]]:
