@@ -113,6 +113,18 @@ def test_grpo_step_with_vllm_colocate(tiny, tmp_path):
     logs = trainer.state.log_history[0]
     assert logs["episode/crashes"] == 0 and logs["episode/steps"] == 2.0  # a chunk step and an answer step
     assert logs["tokens/completion_per_step"] > 0
+    # the engine serves what a weight sync sends: on the CPU build vLLM packs linear weights into oneDNN
+    # handles and drops the parameters unless keep_vllm_cpu_weights_loadable ran (sync then raised)
+    import torch
+
+    param = trainer.model.get_parameter("model.layers.0.mlp.down_proj.weight")
+    with torch.no_grad():
+        param.add_(0.5)
+    trainer.vllm_generation.sync_weights()
+    engine = trainer.vllm_generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    served = engine.get_parameter("model.layers.0.mlp.down_proj.weight")
+    # the engine keeps its own dtype (bfloat16 here): equal after the same rounding
+    assert torch.equal(served.detach().cpu(), param.detach().cpu().to(served.dtype))
 
 
 def test_eval_backend_vllm_counts_and_matches_hf(tiny):

@@ -70,6 +70,32 @@ def vllm_engine_kwargs(kw: dict) -> dict:
     return kw
 
 
+def keep_vllm_cpu_weights_loadable() -> None:
+    """Make a vLLM engine built afterwards in this process, on the CPU build, keep its linear weights as
+    loadable parameters, so TRL's colocate mode can sync trained weights into it.
+
+    Why: vLLM 0.32's CPU build packs each linear layer's weight into a oneDNN (or AMX/zentorch) handle
+    after loading and replaces the parameter with an empty one that has no ``weight_loader``
+    (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``). TRL's ``sync_weights`` then fails
+    (``'Parameter' object has no attribute 'weight_loader'``), and even where it did not, the packed
+    copy would keep serving the old weights. Whether the packing happens depends on the CPU (seen on an
+    AVX-512 AMD EPYC; a CPU where oneDNN's handle cannot be built falls back to ``F.linear``), so this
+    selects that fallback everywhere: ``F.linear`` over the live parameter, which a weight sync updates
+    in place. vLLM has no switch for it, hence the patch of that one dispatch function; it costs CPU
+    generation speed and only the colocated training engine uses it (evaluation engines never sync).
+    No-op without vLLM or on CUDA."""
+    import torch
+
+    if torch.cuda.is_available() or not vllm_available():
+        return
+    from vllm.model_executor.layers import utils as vllm_layer_utils
+
+    def keep_weight(layer, remove_weight):  # signature of vLLM's dispatch_cpu_unquantized_gemm
+        layer.cpu_linear = torch.nn.functional.linear
+
+    vllm_layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
+
+
 class ModelPolicy(Policy):
     name = "model"
 

@@ -217,6 +217,11 @@ class StepwiseGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose generation batch is made of memory episodes (see the module docstring)."""
 
     def __init__(self, *args, env_config: dict | None = None, rollout_batch_size: int | None = None, **kwargs):
+        cfg = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if getattr(cfg, "use_vllm", False) and getattr(cfg, "vllm_mode", None) == "colocate":
+            from atommem_rl.policies.model import keep_vllm_cpu_weights_loadable
+
+            keep_vllm_cpu_weights_loadable()  # before TRL builds the engine; see its docstring
         super().__init__(*args, **kwargs)
         self.env_config = dict(env_config or {})
         self.rollout_batch_size = rollout_batch_size
