@@ -54,6 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, ConnectionError) as exc:
         print(f"atommem {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Destroy torch.distributed's process group if the command made one (accelerate launch). Left to
+    interpreter exit, gloo's threads are torn down while joinable and a rank can abort ("terminate called
+    without an active exception", SIGABRT) after finishing its work, which fails the whole launch."""
+    torch = sys.modules.get("torch")  # never import torch just for this
+    if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

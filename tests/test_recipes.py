@@ -133,7 +133,9 @@ def test_cpu_2proc_starts_two_ranks(tmp_path):
     # (print writes text and newline separately; seen interleaved in a clean-clone run)
     script.write_text("import os\nfrom accelerate import Accelerator\nimport torch\n"
                       "a = Accelerator(cpu=True)\nt = a.gather(torch.tensor([a.process_index]))\n"
-                      "os.write(1, f'rank {a.process_index} {a.num_processes} {a.distributed_type.value} {t.tolist()}\\n'.encode())\n")
+                      "os.write(1, f'rank {a.process_index} {a.num_processes} {a.distributed_type.value} {t.tolist()}\\n'.encode())\n"
+                      # as the CLI does: left to interpreter exit, a rank sometimes aborted (SIGABRT)
+                      "torch.distributed.destroy_process_group()\n")
     accelerate = Path(sys.executable).with_name("accelerate")
     res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
                           "--main_process_port", str(free_port()), str(script)], capture_output=True, text=True,
