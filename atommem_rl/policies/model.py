@@ -82,7 +82,8 @@ def keep_vllm_cpu_weights_loadable() -> None:
     AVX-512 AMD EPYC; a CPU where oneDNN's handle cannot be built falls back to ``F.linear``), so this
     selects that fallback everywhere: ``F.linear`` over the live parameter, which a weight sync updates
     in place. vLLM has no switch for it, hence the patch of that one dispatch function; it costs CPU
-    generation speed and only the colocated training engine uses it (evaluation engines never sync).
+    generation speed and stays for the rest of the process, so only the GRPO trainer in colocate mode
+    calls it (evaluation engines never sync and keep vLLM's packed kernels).
     No-op without vLLM or on CUDA."""
     import torch
 
