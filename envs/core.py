@@ -252,6 +252,12 @@ _ns_counter = itertools.count()
 _CLIENT = None
 
 
+# Namespaces of up to this many atoms in an in-memory client are read by exact cosine in process
+# (``AtomStore(exact_below=...)``): faster than Chroma's HNSW at that size, and deterministic; HNSW
+# built with several insert threads returns near-tied neighbours in a run-dependent order.
+IN_MEMORY_EXACT_BELOW = 8192
+
+
 def _default_client():
     """One in-memory Chroma client per process (every EphemeralClient shares one database anyway;
     building a client costs about 70 ms of settings parsing)."""
@@ -308,7 +314,7 @@ class MemoryEnv:
     def _exact_below(self) -> int:
         if self.config.exact_below is not None:
             return self.config.exact_below
-        return 8192 if self._in_memory() else 0
+        return IN_MEMORY_EXACT_BELOW if self._in_memory() else 0
 
     # ---------------------------------------------------------------- subclass hooks
     def render_block(self, block) -> tuple[str, list[tuple[str | None, str]]]:

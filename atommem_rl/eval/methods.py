@@ -236,9 +236,11 @@ def store_memory(store, handles: dict[str, str]) -> list[dict]:
 
 def _new_store(s: EvalSettings, embedder):
     from atommem_rl.memory.store import AtomStore
-    from envs.core import _default_client
+    from envs.core import IN_MEMORY_EXACT_BELOW, _default_client
 
-    return AtomStore(f"eval-{uuid.uuid4().hex[:12]}", client=_default_client(), embedder=embedder, max_chars=4000)
+    # exact reads as in the environments: the same retrieval for every method, and repeatable runs
+    return AtomStore(f"eval-{uuid.uuid4().hex[:12]}", client=_default_client(), embedder=embedder, max_chars=4000,
+                     exact_below=IN_MEMORY_EXACT_BELOW)
 
 
 # ------------------------------------------------------------------------------ the reader methods
