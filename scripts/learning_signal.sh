@@ -9,8 +9,10 @@
 #   bash scripts/learning_signal.sh [OUT] [extra `atommem quickstart` flags]    # default OUT checkpoints/learning_signal
 #
 # It is the quickstart pipeline (atommem_rl/pipeline/quickstart.py) with bigger settings, so it resumes
-# when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 8, 64 (about
-# an hour on 2 idle cores). BACKEND=vllm|hf generates the held-out episodes (default: vllm where
+# when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 8, 64.
+# GROUP (episodes per task, default 8), GRPO_LR (default 2e-5) and REWARD (GRPO's training reward, default
+# f1: partial credit for an answer that contains the right city among other words; held-out is scored by EM)
+# set the GRPO side. BACKEND=vllm|hf generates the held-out episodes (default: vllm where
 # scripts/setup_vllm.sh made .venv-vllm, about 8x faster on this CPU; the whole run then uses that
 # environment's Python). The figures go in docs/BENCHMARKS.md ("Learning signal").
 set -euo pipefail
@@ -32,8 +34,11 @@ fi
 # with 96: every GRPO episode scored 0 and every advantage was 0)
 sets=()
 for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8; do sets+=(--sft-set "$kv"); done
-for kv in "${EASY[@]}" synth_tasks=32 max_steps=${GRPO_STEPS:-8} save_steps=2 num_generations=4 \
-          per_device_train_batch_size=4 max_completion_length=224; do
+GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
+G=${GROUP:-8}
+for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_ENV" synth_tasks=32 \
+          max_steps=${GRPO_STEPS:-8} save_steps=2 num_generations=$G per_device_train_batch_size=$G \
+          learning_rate=${GRPO_LR:-2e-5} max_completion_length=224; do
   sets+=(--grpo-set "$kv")
 done
 "$PY" -m atommem_rl.cli quickstart --backend "$BACKEND" --out "$OUT" --skip retrieval --methods oracle,heuristic --checkpoints sft,grpo \

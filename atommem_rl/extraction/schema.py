@@ -252,20 +252,18 @@ def validate_fact(raw, turn_ids: set[str], turn_texts: dict[str, str] | None = N
     if len(text) > MAX_TEXT:
         raise ValueError(f'"text" has {len(text)} characters (at most {MAX_TEXT})')
     named = _strings(raw.get("source_turns"), "source_turns", 32)
-    src = [t for t in named if t in turn_ids] if turn_texts else named
+    src = [t for t in named if t in turn_ids]
+    outside = [t for t in named if t not in turn_ids]
     grounded = False
-    if not src and turn_texts:
+    if turn_texts and not src:
         # small extractors trained elsewhere often copy a session's first id or invent one
         # ("D2:1", "D1:17:12", measured on LoCoMo): the turn holding the fact's terms is the source
         src = ground_turns(text, turn_texts)
         grounded = bool(src)
-    if not src and named:
-        raise ValueError(f'"source_turns" names turns outside the window: {named}')
+    if outside and (not src or not turn_texts):  # without the window's texts nothing is repaired
+        raise ValueError(f'"source_turns" names turns outside the window: {outside}')
     if not src:
         raise ValueError('"source_turns" must name at least one turn of the window')
-    unknown = [s for s in src if s not in turn_ids]
-    if unknown:
-        raise ValueError(f'"source_turns" names turns outside the window: {unknown}')
     retimed = False
     try:
         time = parse_time(raw.get("time"))
