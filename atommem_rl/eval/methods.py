@@ -19,6 +19,9 @@ Reader methods build a context per question and ask the reader (one call per que
                    (cosine >= ``roam_min_similarity``) are labelled IND/EQV/OSN/NSO/CON by one call;
                    the store's deterministic rules set roles; retrieval returns fused Primary views
 
+Every method's store is an in-memory Chroma namespace whose unfiltered reads are exact cosine in
+process (as in the environments; Chroma's HNSW returns near-tied neighbours in a run-dependent order).
+
 The graph-memory pipeline (``atommem_rl/extraction/pipeline.py``; reader methods too): an extractor
 call per window of turns writes verified atomic facts, then one reader call per question:
 
