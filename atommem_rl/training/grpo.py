@@ -24,7 +24,7 @@ variable number of steps per episode needs), KL ``beta`` (0 by default). Rollout
 from vLLM are kept for TRL's importance-sampling correction. What this subclass overrides is
 ``_generate_and_score_completions`` (episodes instead of single completions) and, to save compute
 only, ``compute_loss``: a micro-batch whose advantages are all 0 (with beta 0) gets its exactly-zero
-gradients without a forward/backward (``skip_zero_advantage``, one process).
+gradients without a forward/backward (``skip_zero_advantage``; under DDP only when every rank's is).
 
 Launch:
     atommem grpo --config recipes/quickstart/grpo.yaml                     # CPU, SmolLM2-135M
@@ -84,8 +84,9 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "training/seeded_sampling.py), so rollouts do not depend on the number of processes, the "
                 "batch composition or the RNG state (resume). False: generate's own sampling."})
     skip_zero_advantage: bool = field(default=True, metadata={
-        "help": "One process, beta 0: a micro-batch whose advantages are all 0 (every episode of its groups "
-                "scored the same) skips the policy forward/backward and gets exact zero gradients instead."})
+        "help": "Beta 0: a micro-batch whose advantages are all 0 (every episode of its groups scored the same) "
+                "skips the policy forward/backward and gets exact zero gradients instead (one process or DDP, "
+                "where all ranks must be all 0; not under DeepSpeed or FSDP)."})
 
     def __post_init__(self):
         if self.output_dir is None:
@@ -325,16 +326,34 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         is linear in the advantages, so all-zero advantages give exactly zero gradients. On a CPU that
         forward/backward is most of a GRPO step (a group whose episodes all scored 0 is common early on);
         ``0 * sum(params)`` gives the same zero gradients (the optimizer still steps, Adam's moments
-        decay as they would) without it. Only with one process: under DDP every rank must run the same
-        forward/backward, and the ranks would have to agree first."""
-        if (getattr(self.args, "skip_zero_advantage", False) and self.beta == 0.0 and self.model.training
-                and self.accelerator.num_processes == 1 and not torch.any(inputs["advantages"] != 0)):
+        decay as they would) without it."""
+        if self._all_advantages_zero(inputs):
             self._metrics["train"]["skipped_zero_advantage"].append(1.0)
             params = [p for p in model.parameters() if p.requires_grad]
             return torch.stack([p.sum() for p in params]).sum() * 0.0
         if self.model.training:
             self._metrics["train"]["skipped_zero_advantage"].append(0.0)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _all_advantages_zero(self, inputs) -> bool:
+        """Whether this micro-batch may skip its forward/backward (``skip_zero_advantage``).
+
+        With several processes the ranks must agree, since DDP all-reduces gradients in the backward
+        of a forward it ran: they skip together only when every rank's micro-batch is all zeros (one
+        all-reduce of a flag; every rank runs the same number of micro-batches). A backward that did
+        not come from a DDP forward fires no reduction, and every rank's gradients are zero anyway.
+        DeepSpeed and FSDP gather parameters inside their own forward and reduce inside their own
+        backward, so there the micro-batch always runs."""
+        from accelerate.utils import DistributedType
+
+        acc = self.accelerator
+        if not (getattr(self.args, "skip_zero_advantage", False) and self.beta == 0.0 and self.model.training
+                and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)):
+            return False
+        nonzero = torch.any(inputs["advantages"] != 0).float().reshape(1)
+        if acc.num_processes > 1:
+            nonzero = acc.reduce(nonzero, reduction="sum")
+        return nonzero.item() == 0
 
     def _advantages(self, recs: list[dict], episodes: list[list[tuple]], all_returns: torch.Tensor,
                     group: int) -> list[float | list[float]]:
