@@ -152,3 +152,8 @@ def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
     grpo = q.phases.markers["grpo"]["result"]
     assert grpo["resumed_from"] == "last" and grpo["global_step"] == 2
     assert (out / "grpo" / "checkpoint-2").exists()
+
+    # a GRPO setting that does not change the tasks reruns GRPO only (the data and SFT are kept)
+    q = Quickstart(QuickstartConfig(**cfg, grpo_set=["learning_rate=0.002"], skip=["retrieval", "eval"]))
+    q.run()
+    assert q.phases.ran == {"model": False, "data": False, "sft": False, "grpo": True}

