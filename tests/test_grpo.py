@@ -118,6 +118,32 @@ def test_zero_advantage_batch_skips_the_forward_with_the_same_gradients(tiny, tm
     assert trainer._metrics["train"]["skipped_zero_advantage"][-1] == 0.0
 
 
+def test_hold_on_zero_advantage_leaves_weights_and_optimizer_alone(tiny, tmp_path):
+    """hold_on_zero_advantage: after an informative step, an all-zero-advantage step leaves every
+    weight as it was (no gradient, so AdamW passes over it); TRL's zero gradients instead let Adam's
+    momentum move the weights again."""
+    trainer = build_trainer(small_config(tiny, tmp_path / "hold", synth_tasks=1, hold_on_zero_advantage=True))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    batch = trainer._generate_and_score_completions([trainer.train_dataset[0]] * 2)
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+
+    def step(advantage: float) -> list[torch.Tensor]:
+        batch["advantages"] = torch.full((batch["completion_ids"].size(0),), advantage)
+        opt.zero_grad(set_to_none=True)
+        trainer.compute_loss(trainer.model, batch).backward()
+        opt.step()
+        return [p.detach().clone() for p in params]
+
+    before = step(1.0)  # a signal: the weights move and Adam has momentum
+    after = step(0.0)
+    assert all(p.grad is None for p in params)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    trainer.args.hold_on_zero_advantage = False  # zero gradients: Adam keeps moving the weights
+    assert any(not torch.equal(a, b) for a, b in zip(after, step(0.0)))
+
+
 def test_gae_by_hand():
     from atommem_rl.training.ppo import gae
 

@@ -87,6 +87,11 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
         "help": "Beta 0: a micro-batch whose advantages are all 0 (every episode of its groups scored the same) "
                 "skips the policy forward/backward and gets exact zero gradients instead (one process or DDP, "
                 "where all ranks must be all 0; not under DeepSpeed or FSDP)."})
+    hold_on_zero_advantage: bool = field(default=False, metadata={
+        "help": "With skip_zero_advantage: a skipped micro-batch leaves the gradients unset instead of zero, so an "
+                "optimizer step made only of such micro-batches changes nothing (torch optimizers pass over "
+                "parameters without a gradient): Adam's momentum does not keep moving the weights on steps that "
+                "carry no signal. False: the step TRL's zero gradients give."})
 
     def __post_init__(self):
         if self.output_dir is None:
@@ -326,9 +331,16 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         is linear in the advantages, so all-zero advantages give exactly zero gradients. On a CPU that
         forward/backward is most of a GRPO step (a group whose episodes all scored 0 is common early on);
         ``0 * sum(params)`` gives the same zero gradients (the optimizer still steps, Adam's moments
-        decay as they would) without it."""
+        decay as they would) without it. With ``hold_on_zero_advantage`` the gradients stay unset
+        instead, and a step made only of such micro-batches leaves the weights and optimizer state alone:
+        stepping Adam on zero gradients keeps moving every weight along its momentum, which with sparse
+        rewards is most steps (measured in docs/BENCHMARKS.md, "Learning signal")."""
         if self._all_advantages_zero(inputs):
             self._metrics["train"]["skipped_zero_advantage"].append(1.0)
+            if getattr(self.args, "hold_on_zero_advantage", False):
+                # connected to no parameter: its backward leaves every .grad as it was (None after
+                # the Trainer's zero_grad), and the optimizer skips parameters without a gradient
+                return torch.zeros((), device=self.accelerator.device, requires_grad=True)
             params = [p for p in model.parameters() if p.requires_grad]
             return torch.stack([p.sum() for p in params]).sum() * 0.0
         if self.model.training:
