@@ -10,7 +10,7 @@
 #   bash scripts/learning_signal.sh [OUT] [extra `atommem quickstart` flags]    # default OUT checkpoints/learning_signal
 #
 # It is the quickstart pipeline (atommem_rl/pipeline/quickstart.py) with bigger settings, so it resumes
-# when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 24, 128.
+# when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 16, 128.
 # GROUP (episodes per task, default 8), GRPO_LR (default 2e-5), TEMPERATURE (rollout sampling, default 0.8),
 # HOLD (hold_on_zero_advantage: no optimizer update from a step without signal, default true) and REWARD (GRPO's training reward, default
 # f1: partial credit for an answer that contains the right city among other words; held-out is scored by EM)
@@ -38,7 +38,7 @@ fi
 ROLLOUT=${ROLLOUT:-$BACKEND}
 VLLM_SETS=()
 if [ "$ROLLOUT" = vllm ]; then
-  VLLM_SETS=(use_vllm=true vllm_mode=colocate vllm_max_model_length=4096 vllm_gpu_memory_utilization=0.15
+  VLLM_SETS=(use_vllm=true vllm_mode=colocate vllm_max_model_length=4096 vllm_gpu_memory_utilization=0.4
              vllm_importance_sampling_correction=false)
   # vLLM's CPU worker binds this process's OpenMP threads to all cores but one (it reserves one for its
   # frontend); in colocate mode that is the trainer's process (an informative step, rollouts included,
@@ -53,13 +53,14 @@ for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8; d
 GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 G=${GROUP:-8}
 for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_ENV" synth_tasks=64 \
-          max_steps=${GRPO_STEPS:-24} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
+          max_steps=${GRPO_STEPS:-16} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
           learning_rate=${GRPO_LR:-2e-5} temperature=${TEMPERATURE:-0.8} max_completion_length=224 \
           hold_on_zero_advantage=${HOLD:-true} "${VLLM_SETS[@]}"; do
   sets+=(--grpo-set "$kv")
 done
-# training, then the evaluation in a fresh process: after a colocated engine, vLLM refused to build the
-# evaluation's engine in the same process ("Available memory ... less than requested memory for kv")
+# training, then the evaluation in a fresh process. vLLM on CPU sizes its KV cache as the utilization share
+# of host memory minus what this process already holds: after SFT (or a colocated engine) in the same
+# process, 0.15 left a negative KV budget ("Available memory ... less than requested memory for kv")
 for skip in retrieval,eval retrieval; do
   "$PY" -m atommem_rl.cli quickstart --backend "$BACKEND" --out "$OUT" --skip $skip --methods oracle,heuristic \
     --checkpoints sft,grpo --heldout-tasks ${HELDOUT:-128} --heldout-seed 5000 "${sets[@]}" "$@" >> "$OUT.log" 2>&1 \
