@@ -19,8 +19,9 @@ over all steps; that is a known difference of the critic fit, not of the policy 
 
 Tolerance (stated): per step, every logged reward/episode metric equal within rel 1e-4 (episode
 lengths, token and operation counts must be identical: the rollouts are the same), loss within
-rel 1e-3 / abs 1e-6 (different summation order: per-rank sums plus an all-reduce), final weights
-within abs 1e-5 (the updates themselves are about lr = 1e-3 in size).
+rel 1e-3 / abs 1e-5 (different summation order: per-rank sums plus an all-reduce; LOSS_ABS says why), final weights
+within abs 1e-4 and all but 0.1% of them within 1e-6 (the updates themselves are lr = 1e-3 in size; the
+comment at the end says why).
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ ENV_CONFIG = json.dumps({"chunk_tokens": 64, "max_prompt_tokens": 2048, "max_ans
 # (about 1e-7), enough to flip a sampled token at the next step (seen: episode/steps 2.0 vs 2.5 at
 # step 2), so the comparison is the step whose rollouts must be identical and the update on it.
 STEPS = 1
+# On the first step the policy ratio is 1, so the logged loss is minus the token mean of the
+# advantages. PPO whitens them over the batch, so that mean is a cancellation of O(1) terms: zero up to
+# float32 rounding, and the rounding depends on the summation order (seen: -2.6e-6 on two ranks vs
+# 3.3e-7 in one process, with torch 2.13). 1e-5 is that rounding for a few hundred tokens
+# (tokens x eps x |A|); the update itself is checked by the weights below, which must move by more
+# than 1e-4 and agree within 1e-5, so a wrong scale on one rank still fails.
+LOSS_ABS = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +112,7 @@ def test_two_gloo_processes_agree_with_one(stage, tiny, tmp_path):
             if k in EXACT or k.startswith("ops/") or k == "skipped_zero_advantage":
                 assert h2[s][k] == v, (s, k)
             elif k in ("loss", "grad_norm"):
-                assert h2[s][k] == pytest.approx(v, rel=1e-3, abs=1e-6), (s, k)
+                assert h2[s][k] == pytest.approx(v, rel=1e-3, abs=LOSS_ABS), (s, k)
             else:
                 assert h2[s][k] == pytest.approx(v, rel=1e-4, abs=1e-6), (s, k)
 
@@ -113,5 +121,13 @@ def test_two_gloo_processes_agree_with_one(stage, tiny, tmp_path):
     assert w1.keys() == w2.keys()
     if stage == "ppo":  # GAE advantages from the critic are not zero: the update must move the policy
         assert max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0) > 1e-4
+    # Adam's first step moves each weight by lr * g / (|g| + eps): +-lr wherever |g| >> eps, but for the
+    # few weights whose gradient is comparable to eps the step depends on the gradient's rounding (seen:
+    # one embedding row moved 0.74 lr in one process and 0.72 lr on two ranks). So: every weight within
+    # 10% of lr (a wrong direction moves weights by ~lr), and all but 0.1% within 1e-6. The gradient's
+    # scale, to which Adam's first step is blind, is checked by grad_norm above.
+    off = 0
     for k in w1:
-        torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5, msg=k)
+        torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-4, msg=k)
+        off += int(((w2[k] - w1[k]).abs() > 1e-6).sum())
+    assert off <= 1e-3 * sum(w.numel() for w in w1.values()), off
