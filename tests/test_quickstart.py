@@ -157,3 +157,28 @@ def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
     q = Quickstart(QuickstartConfig(**cfg, grpo_set=["learning_rate=0.002"], skip=["retrieval", "eval"]))
     q.run()
     assert q.phases.ran == {"model": False, "data": False, "sft": False, "grpo": True}
+
+    # made longer under the recipe's constant learning rate: GRPO continues from checkpoint-2 instead of
+    # starting over (the first 2 steps of a 3-step run are those of the 2-step run)
+    def grpo_run(*extra):
+        q = Quickstart(QuickstartConfig(**cfg, grpo_set=["learning_rate=0.002", *extra], skip=["retrieval", "eval"]))
+        q.run()
+        assert q.phases.ran == {"model": False, "data": False, "sft": False, "grpo": True}
+        return json.loads((out / "grpo" / "grpo_summary.json").read_text())
+
+    longer = grpo_run("max_steps=3")
+    assert longer["global_step"] == 3 and longer["resume_checkpoint"] == str(out / "grpo" / "checkpoint-2")
+    # made shorter: the checkpoints past the new length are dropped (save_total_limit 2 left 2 and 3), so
+    # it starts over rather than resume from a step it should not have reached
+    shorter = grpo_run("max_steps=1")
+    assert shorter["global_step"] == 1 and shorter["resume_checkpoint"] is None
+    assert sorted(p.name for p in (out / "grpo").glob("checkpoint-*")) == ["checkpoint-1"]
+    # the SFT recipe's schedule is cosine, which depends on the run's length: a longer SFT starts over,
+    # and so does the GRPO that follows it (its folder was written from another SFT checkpoint)
+    q = Quickstart(QuickstartConfig(**cfg, sft_set=["max_steps=3"], skip=["retrieval", "eval"]))
+    q.run()
+    assert q.phases.ran == {"model": False, "data": False, "sft": True, "grpo": True}
+    for stage in ("sft", "grpo"):
+        summary = json.loads((out / stage / f"{stage}_summary.json").read_text())
+        assert summary["resume_checkpoint"] is None, stage
+    assert summary["global_step"] == 2

@@ -10,7 +10,10 @@ changes whenever a phase reruns, everything downstream of a rerun phase reruns t
 Training phases additionally resume *inside* the phase: :meth:`Phases.work_dir` gives the phase an
 output folder tagged with its key; a folder left by an unfinished attempt with the same key is kept
 (the trainers resume from its last ``checkpoint-N``), a folder written under other settings is
-removed first, because resuming from it would mix two configurations.
+removed first, because resuming from it would mix two configurations. A phase may tag its folder
+with a key of fewer settings (``folder_settings``): a training run made longer (more ``max_steps``
+under a constant learning rate) then continues from the shorter run's checkpoints instead of starting
+over, while the phase itself still reruns because its full key changed.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class Phases:
         self.force, self.total, self.log = force, total, log
         self.markers: dict[str, dict] = {}
         self.ran: dict[str, bool] = {}
-        self._keys: dict[str, str] = {}
+        self._folder_keys: dict[str, str] = {}
         self._n = 0
 
     def marker_path(self, name: str) -> Path:
@@ -55,11 +58,13 @@ class Phases:
         return settings_key(settings, {d: self.markers[d]["stamp"] for d in deps})
 
     def run(self, name: str, settings: dict, fn: Callable[[], Any], deps: tuple[str, ...] = (),
-            title: str | None = None) -> Any:
+            title: str | None = None, folder_settings: dict | None = None) -> Any:
+        """``folder_settings`` (default ``settings``): what the phase's :meth:`work_dir` must have been
+        written under to be kept."""
         self._n += 1
         head = f"[{self._n}/{self.total or '?'}] {title or name}"
         key = self.key(name, settings, deps)
-        self._keys[name] = key
+        self._folder_keys[name] = key if folder_settings is None else self.key(name, folder_settings, deps)
         path = self.marker_path(name)
         old = None
         if path.exists():
@@ -92,9 +97,9 @@ class Phases:
 
     def work_dir(self, name: str, folder: str | Path) -> Path:
         """``folder`` prepared for phase ``name`` (call inside the phase's function, after ``run``
-        computed its key): kept when tagged with the same key (resume), emptied otherwise."""
+        computed its key): kept when tagged with the same folder key (resume), emptied otherwise."""
         folder = Path(folder)
-        key = self._keys[name]
+        key = self._folder_keys[name]
         tag = folder / KEY_FILE
         if folder.exists() and (not tag.exists() or tag.read_text().strip() != key or self.force):
             if self.out.resolve() not in folder.resolve().parents:

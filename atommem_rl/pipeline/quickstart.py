@@ -21,7 +21,9 @@ own entry points, in one process:
 
 then ``<out>/report.md`` and ``<out>/metrics.json`` (rewritten every run) summarise all phases.
 SFT and GRPO run with ``resume_from_checkpoint: true`` in a folder tagged with the phase's key,
-so a run killed during training continues from its last ``checkpoint-N``.
+so a run killed during training continues from its last ``checkpoint-N``. Under a constant learning
+rate the tag leaves out the run's length (``max_steps``, ``save_steps``): a run made longer continues
+from its last checkpoint instead of starting over.
 
     atommem quickstart [--out DIR] [--tiny] [--sft-set KEY=VALUE ...] [--grpo-set KEY=VALUE ...]
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +41,8 @@ from pathlib import Path
 from .phases import Phases
 
 REPO = Path(__file__).resolve().parents[2]
+# overrides that set only how long a training run is and how often it saves (see Quickstart._folder_settings)
+RUN_LENGTH_KEYS = ("max_steps", "save_steps", "save_total_limit")
 SFT_RECIPE = REPO / "recipes" / "quickstart" / "sft.yaml"
 GRPO_RECIPE = REPO / "recipes" / "quickstart" / "grpo.yaml"
 BASELINES = "oracle,heuristic,append_all,rag,full_context"
@@ -218,18 +223,41 @@ class Quickstart:
                           "questions": sum(len(t.questions) for t in held), "seed": self.cfg.heldout_seed}
         return out
 
+    def _folder_settings(self, stage: str, settings: dict) -> dict:
+        """The settings a training folder must have been written under to be resumed: ``settings``
+        less the overrides of the run's length (RUN_LENGTH_KEYS) when the recipe's learning rate is
+        constant, because then the first N steps of a longer run are exactly those of an N-step run,
+        so making a run longer continues it from its last checkpoint (``_train_folder`` drops the
+        checkpoints past a shorter new ``max_steps``). Any other schedule depends on the run's length:
+        a new length starts over."""
+        config = self._recipe(stage, ["--output_dir", str(self.out / stage)])
+        if getattr(config.lr_scheduler_type, "value", config.lr_scheduler_type) != "constant":
+            return settings
+        pairs = [kv for kv in settings["set"] if kv.split("=", 1)[0].strip() not in RUN_LENGTH_KEYS]
+        return {**settings, "set": pairs}
+
+    def _train_folder(self, stage: str, config) -> None:
+        from atommem_rl.training.checkpoints import checkpoints_in
+
+        self.phases.work_dir(stage, self.out / stage)
+        for ckpt in checkpoints_in(self.out / stage):
+            if int(ckpt.name.split("-")[1]) > config.max_steps:  # written by a longer run: not ours to resume
+                shutil.rmtree(ckpt)
+
     def phase_sft(self) -> dict:
         from atommem_rl.training import sft
 
-        self.phases.work_dir("sft", self.out / "sft")
-        summary = sft.train(self._recipe("sft", self._stage_flags("sft", self.base)))
+        config = self._recipe("sft", self._stage_flags("sft", self.base))
+        self._train_folder("sft", config)
+        summary = sft.train(config)
         return {k: summary[k] for k in ("output_dir", "examples", "global_step", "train_loss", "resumed_from", "seconds")}
 
     def phase_grpo(self) -> dict:
         from atommem_rl.training import grpo
 
-        self.phases.work_dir("grpo", self.out / "grpo")
-        summary = grpo.train(self._recipe("grpo", self._stage_flags("grpo", self.out / "sft")))
+        config = self._recipe("grpo", self._stage_flags("grpo", self.out / "sft"))
+        self._train_folder("grpo", config)
+        summary = grpo.train(config)
         return {k: summary[k] for k in ("output_dir", "global_step", "train_loss", "resumed_from", "seconds")}
 
     def eval_settings(self):
@@ -317,10 +345,12 @@ class Quickstart:
         P.run("data", {"tasks": {stage: self._task_settings(stage) for stage in ("sft", "grpo")},
                        "heldout": [c.heldout_tasks, c.heldout_seed]}, self.phase_data,
               title="data: synthetic train and held-out tasks")
-        P.run("sft", {"recipe": recipes["sft"], "set": c.sft_set}, self.phase_sft, deps=("model", "data"),
-              title="SFT on oracle demonstrations")
-        P.run("grpo", {"recipe": recipes["grpo"], "set": c.grpo_set}, self.phase_grpo, deps=("sft",),
-              title="GRPO from the SFT checkpoint")
+        sft = {"recipe": recipes["sft"], "set": c.sft_set}
+        P.run("sft", sft, self.phase_sft, deps=("model", "data"), title="SFT on oracle demonstrations",
+              folder_settings=self._folder_settings("sft", sft))
+        grpo = {"recipe": recipes["grpo"], "set": c.grpo_set}
+        P.run("grpo", grpo, self.phase_grpo, deps=("sft",), title="GRPO from the SFT checkpoint",
+              folder_settings=self._folder_settings("grpo", grpo))
         if "eval" not in c.skip:
             # a non-default checkpoint list joins the key only when set, so runs made before the option resume
             chosen = {} if c.checkpoints == ",".join(CHECKPOINTS) else {"checkpoints": c.checkpoints}
