@@ -11,7 +11,7 @@
 #
 # It is the quickstart pipeline (atommem_rl/pipeline/quickstart.py) with bigger settings, so it resumes
 # when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 16, 128.
-# GROUP (episodes per task, default 8), GRPO_LR (default 2e-5), TEMPERATURE (rollout sampling, default 0.8),
+# GROUP (episodes per task, default 8), TASKS (tasks per step, default 1), GRPO_LR (default 2e-5), TEMPERATURE (rollout sampling, default 0.8),
 # HOLD (hold_on_zero_advantage: no optimizer update from a step without signal, default true) and REWARD (GRPO's training reward, default
 # f1: partial credit for an answer that contains the right city among other words; held-out is scored by EM)
 # set the GRPO side. BACKEND=vllm|hf generates the held-out episodes (and GRPO's rollouts, see ROLLOUT) (default: vllm where
@@ -52,10 +52,17 @@ sets=()
 for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8; do sets+=(--sft-set "$kv"); done
 GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 G=${GROUP:-8}
+# TASKS groups per step (default 1). With more than one, the samples of groups whose episodes all scored
+# the same are dropped before TRL shuffles the batch and cuts it into TASKS micro-batches (drop_zero_advantage),
+# (TRL: generation batch = per_device_train_batch_size x gradient_accumulation_steps), so a step
+# trains only on informative groups and averages their gradients
+T=${TASKS:-1}
+TASK_SETS=()
+[ "$T" -gt 1 ] && TASK_SETS=(drop_zero_advantage=true gradient_accumulation_steps=$T)
 for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_ENV" synth_tasks=64 \
           max_steps=${GRPO_STEPS:-16} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
           learning_rate=${GRPO_LR:-2e-5} temperature=${TEMPERATURE:-0.8} max_completion_length=224 \
-          hold_on_zero_advantage=${HOLD:-true} "${VLLM_SETS[@]}"; do
+          hold_on_zero_advantage=${HOLD:-true} "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
   sets+=(--grpo-set "$kv")
 done
 # training, then the evaluation in a fresh process. vLLM on CPU sizes its KV cache as the utilization share

@@ -144,6 +144,37 @@ def test_hold_on_zero_advantage_leaves_weights_and_optimizer_alone(tiny, tmp_pat
     assert any(not torch.equal(a, b) for a, b in zip(after, step(0.0)))
 
 
+def test_drop_zero_advantage_trains_only_on_informative_groups(tiny, tmp_path, monkeypatch):
+    """drop_zero_advantage: of two groups, the one whose episodes all scored the same gives no sample;
+    the other's samples are all there, with their advantages, counted alone in the loss's token
+    normaliser, and the logged per-step metrics still cover every step taken. (The tiny model's
+    episodes all score 0, so the advantages are scripted, per episode.)"""
+    from atommem_rl.training.grpo import StepwiseGRPOTrainer
+
+    scripted = [0.5, -0.5, 0.0, 0.0]  # task 0's group is informative, task 1's is not
+    monkeypatch.setattr(StepwiseGRPOTrainer, "_advantages", lambda self, recs, *a: scripted[: len(recs)])
+    trainer = build_trainer(small_config(tiny, tmp_path / "drop", synth_tasks=2, drop_zero_advantage=True,
+                                         steps_per_generation=2, gradient_accumulation_steps=2))
+    trainer.model.train()
+    rows = [trainer.train_dataset[0]] * 2 + [trainer.train_dataset[1]] * 2
+    batch = trainer._generate_and_score_completions(rows)
+    m = trainer._metrics["train"]
+    steps = m["episode/steps"][-1] * 4  # every episode's steps, logged whether dropped or not
+    kept = batch["completion_mask"].sum(dim=1) > 0
+    # task 0's two episodes, every step of each, padded to a multiple of steps_per_generation
+    assert kept.sum().item() == m["samples_kept"][-1] * steps
+    assert set(batch["advantages"][kept].tolist()) == {0.5, -0.5}
+    assert batch["completion_ids"].size(0) % 2 == 0 and torch.all(batch["advantages"][~kept] == 0)
+    assert batch["num_items_in_batch"].item() == batch["completion_mask"].sum().item()
+
+    scripted[:2] = [0.0, 0.0]  # no group informative: one masked row, which the zero-advantage skip takes
+    batch = trainer._generate_and_score_completions(rows)
+    assert m["samples_kept"][-1] == 0.0 and batch["completion_mask"].sum().item() == 0
+    trainer.current_gradient_accumulation_steps = 2
+    trainer.compute_loss(trainer.model, {k: v[:1] if torch.is_tensor(v) and v.dim() else v for k, v in batch.items()})
+    assert m["skipped_zero_advantage"][-1] == 1.0
+
+
 def test_gae_by_hand():
     from atommem_rl.training.ppo import gae
 

@@ -92,6 +92,11 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "optimizer step made only of such micro-batches changes nothing (torch optimizers pass over "
                 "parameters without a gradient): Adam's momentum does not keep moving the weights on steps that "
                 "carry no signal. False: the step TRL's zero gradients give."})
+    drop_zero_advantage: bool = field(default=False, metadata={
+        "help": "Train only on the samples whose advantage is not 0 (DAPO's dynamic-sampling filter, without "
+                "refilling the batch): they are dropped before TRL shuffles the batch and cuts it into "
+                "micro-batches, so with several tasks per step a group whose episodes all scored the same costs "
+                "no forward/backward and does not dilute the token-mean loss. False: TRL's batch, all samples."})
 
     def __post_init__(self):
         if self.output_dir is None:
@@ -272,6 +277,13 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         returns = torch.tensor([float(r.get("return", 0.0)) for r in recs], dtype=torch.float32, device=device)
         all_returns = self.accelerator.gather(returns)
         samples = step_samples(episodes, self._advantages(recs, episodes, all_returns, group))
+        # logged per step taken, dropped or not
+        n_steps, completion_tokens = len(samples), sum(len(s[1]) for s in samples)
+        if mode == "train" and getattr(self.args, "drop_zero_advantage", False) and samples:
+            kept = [s for s in samples if s[3]]
+            self._metrics[mode]["samples_kept"].append(len(kept) / len(samples))
+            # nothing left: one masked copy keeps the batch's shapes, and the zero-advantage skip sees it
+            samples = kept or [(*samples[0][:3], None)]
         n_real = len(samples)
         # TRL cuts the batch into steps_per_generation equal slices and drops a remainder: pad with
         # copies of real samples whose completion mask is zero (no loss, no tokens counted)
@@ -317,7 +329,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                 diff = torch.nan_to_num((output["old_per_token_logps"] - sampling) * completion_mask, nan=0.0)
                 ratio = torch.exp(diff)
                 output["importance_sampling_ratio"] = torch.clamp(ratio, max=self.vllm_importance_sampling_clip_max)
-        self._log_episodes(mode, recs, all_returns, n_real, completion_mask)
+        self._log_episodes(mode, recs, all_returns, n_steps, completion_tokens)
         if self.log_completions:
             self._logs["prompt"].extend(gather_object([self._tokenizer.decode(s[0][-400:]) for s in samples[:n_real]]))
             self._logs["completion"].extend(gather_object([self._tokenizer.decode(s[1]) for s in samples[:n_real]]))
@@ -375,8 +387,8 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         i0 = self.accelerator.process_index * len(recs)
         return all_adv[i0 : i0 + len(recs)].tolist()
 
-    def _log_episodes(self, mode: str, recs: list[dict], all_returns: torch.Tensor, n_samples: int,
-                      completion_mask: torch.Tensor) -> None:
+    def _log_episodes(self, mode: str, recs: list[dict], all_returns: torch.Tensor, n_steps: int,
+                      completion_tokens: int) -> None:
         """Reward, operation frequencies per step (AtomMem's training-dynamics figure), tool errors,
         episode lengths and tokens, averaged over all processes."""
         m = self._metrics[mode]
@@ -387,9 +399,9 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             "episode_steps": sum(len(r["steps"]) for r in recs),
             "tool_errors": sum(r.get("tool_errors", 0) for r in recs),
             "crashes": sum(int(r.get("crashed", False)) for r in recs),
-            "completion_tokens": float(completion_mask.sum()),
+            "completion_tokens": float(completion_tokens),
             **{f"op_{op}": sum((r.get("ops") or {}).get(op, 0) for r in recs) for op in OPS},
-            "episodes": len(recs), "steps": n_samples,
+            "episodes": len(recs), "steps": n_steps,
         }
         keys = sorted(local)
         totals = self.accelerator.gather(torch.tensor([float(local[k]) for k in keys], device=self.accelerator.device))
