@@ -17,7 +17,8 @@ answer phase: all pending questions at once (``answer_mode="all"``) or one quest
 every question ends the episode (terminated); ``max_steps``, ``max_answer_steps`` or
 ``max_episode_tokens`` cut it (truncated). The terminal reward is the mean answer score (EM, F1,
 LoCoMo F1 or an LLM judge), plus optional shaping (evidence recall at answer time, relation-label
-accuracy against gold labels); steps with malformed tool calls cost ``format_penalty``.
+accuracy against gold labels); steps with malformed tool calls cost ``format_penalty``, steps with
+any failed call ``error_penalty``.
 
 Atoms are shown as stable handles M1, M2, ... (never store ids). Each created atom is attributed,
 hidden from the policy, to the task units of the current chunk it restates (term overlap): that is
@@ -67,20 +68,23 @@ class EnvConfig:
     max_chunks: int | None = field(default=None, metadata={"help": "cut the stream after this many chunks"})
     max_prompt_tokens: int = field(default=4096, metadata={"help": "hard cap on the rendered prompt"})
     retrieval_k: int = field(default=6, metadata={"help": "memory views per read"})
-    retrieval: str = field(default="dense", metadata={"help": "dense | bm25 | hybrid | graph"})
+    retrieval: str = field(default="dense", metadata={"help": "how memory views are ranked", "choices": ("dense", "bm25", "hybrid", "graph")})
     auto_retrieve: bool = field(default=True, metadata={"help": "show views for the questions when no read was issued"})
     read_budget: int = field(default=3, metadata={"help": "read_memory calls per chunk step"})
     answer_read_budget: int = field(default=3, metadata={"help": "read_memory calls per answer step"})
     max_calls: int = field(default=32, metadata={"help": "tool calls read from one action"})
     scratchpad_tokens: int = field(default=256, metadata={"help": "scratchpad cap (longer writes are cut, marked)"})
     capacity: int | None = field(default=None, metadata={"help": "max active atoms (None: unbounded)"})
-    on_full: str = field(default="refuse", metadata={"help": "refuse | evict (least recently shown Primary atom)"})
-    disable: tuple = field(default=(), metadata={"help": f"tool ablations, any of {ABLATIONS}"})
-    answer_mode: str = field(default="all", metadata={"help": "all (every question at once) | each (one per step)"})
+    on_full: str = field(default="refuse", metadata={
+        "help": "a create at capacity: refuse, or evict the least recently shown Primary atom",
+        "choices": ("refuse", "evict")})
+    disable: tuple = field(default=(), metadata={"help": f"tool ablations, comma-separated, any of {', '.join(ABLATIONS)}"})
+    answer_mode: str = field(default="all", metadata={
+        "help": "all (every question at once) or each (one per step)", "choices": ("all", "each")})
     max_answer_steps: int | None = field(default=None, metadata={"help": "answer-phase steps (None: questions + 2)"})
     max_steps: int | None = field(default=None, metadata={"help": "total steps (None: chunks + answer steps)"})
     max_episode_tokens: int | None = field(default=None, metadata={"help": "prompt+completion tokens per episode"})
-    reward: str = field(default="em", metadata={"help": "em | f1 | locomo_f1 | judge"})
+    reward: str = field(default="em", metadata={"help": "answer score", "choices": ("em", "f1", "locomo_f1", "judge")})
     judge_url: str | None = field(default=None, metadata={"help": "OpenAI-compatible base URL for reward=judge"})
     judge_model: str | None = field(default=None, metadata={"help": "model name for the judge"})
     format_penalty: float = field(default=0.0, metadata={"help": "reward subtracted per step with malformed tool calls"})
@@ -114,16 +118,12 @@ class EnvConfig:
             raise ValueError("chunk_tokens must be at least 16")
         if self.max_prompt_tokens < self.chunk_tokens + 64:
             raise ValueError("max_prompt_tokens must exceed chunk_tokens by at least 64")
-        if self.on_full not in ("refuse", "evict"):
-            raise ValueError("on_full must be refuse or evict")
-        if self.answer_mode not in ("all", "each"):
-            raise ValueError("answer_mode must be all or each")
-        if self.reward not in ("em", "f1", "locomo_f1", "judge"):
-            raise ValueError("reward must be em, f1, locomo_f1 or judge")
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}")
         if self.reward == "judge" and not (self.judge_url and self.judge_model):
             raise ValueError("reward=judge needs judge_url and judge_model")
-        if self.retrieval not in ("dense", "bm25", "hybrid", "graph"):
-            raise ValueError("retrieval must be dense, bm25, hybrid or graph")
         if self.capacity is not None and self.capacity < 1:
             raise ValueError("capacity must be positive")
         if self.format_penalty < 0 or self.error_penalty < 0:

@@ -16,7 +16,8 @@
 # f1: partial credit for an answer that contains the right city among other words; held-out is scored by EM)
 # set the GRPO side. BACKEND=vllm|hf generates the held-out episodes (and GRPO's rollouts, see ROLLOUT) (default: vllm where
 # scripts/setup_vllm.sh made .venv-vllm, about 8x faster on this CPU; the whole run then uses that
-# environment's Python). The figures go in docs/BENCHMARKS.md ("Learning signal").
+# environment's Python). The figures go in docs/BENCHMARKS.md ("Learning signal"). Settings chosen by
+# looking at this held-out set are re-measured on fresh tasks with scripts/confirm_heldout.py OUT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-checkpoints/learning_signal}
@@ -79,13 +80,13 @@ for skip in retrieval,eval retrieval; do
 done
 "$PY" - "$OUT" <<'EOF'
 import json, sys
+from atommem_rl.pipeline.quickstart import verdict
 m = json.load(open(f"{sys.argv[1]}/metrics.json"))
 ep = m["phases"]["eval"]["result"]["episodes"]
 print(json.dumps({k: {"em": v["em"], "f1": v["f1"]} for k, v in ep.items()}, indent=1))
 d = ep["grpo - sft"]["em"]
-verdict = "beyond noise" if d["mean"] - 2 * d["se"] > 0 else "NOT beyond noise (within 2 standard errors)"
 print(f"held-out EM: SFT {ep['checkpoint:sft']['em']['mean']:.3f} ± {ep['checkpoint:sft']['em']['se']:.3f}, "
       f"GRPO {ep['checkpoint:grpo']['em']['mean']:.3f} ± {ep['checkpoint:grpo']['em']['se']:.3f} "
-      f"over {d['n']} episodes; GRPO - SFT {d['mean']:+.3f} ± {d['se']:.3f}: {verdict}")
+      f"over {d['n']} episodes; GRPO - SFT {d['mean']:+.3f} ± {d['se']:.3f}: {verdict(d)}")
 EOF
 echo "report: $OUT/report.md"

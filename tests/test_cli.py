@@ -90,3 +90,13 @@ sys.exit(cli.main([]))
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 128 + signal.SIGTERM
     assert marker.read_text() == "yes"
+
+
+def test_eval_takes_the_policy_environment():
+    """``atommem eval --policy-env JSON`` becomes EvalSettings.policy_env (a checkpoint is evaluated in
+    the environment it was trained in); a bad value is an argparse error, not a traceback."""
+    args = build_parser().parse_args(["eval", "--tasks", "t.jsonl", "--out", "o",
+                                      "--policy-env", '{"max_answer_steps": 1, "disable": "update"}'])
+    assert args.policy_env == {"max_answer_steps": 1, "disable": "update"}
+    out = atommem("eval", "--tasks", "t.jsonl", "--out", "o", "--policy-env", "{not json")
+    assert out.returncode == 2 and "--policy-env" in out.stderr

@@ -326,3 +326,7 @@ def test_policy_env_reaches_policy_episodes_but_not_eval_owned_settings():
     assert cfg["max_answer_steps"] == 1 and cfg["disable"] == "update" and cfg["reward"] == "em"
     with pytest.raises(ValueError, match="reward"):
         EvalSettings(policy_env={"reward": "f1"})
+    with pytest.raises(ValueError, match="max_answr_steps"):  # misspelt: refused before any model loads
+        EvalSettings(policy_env={"max_answr_steps": 1})
+    with pytest.raises(ValueError, match="on_full must be one of refuse, evict"):
+        EvalSettings(policy_env={"on_full": "drop"})

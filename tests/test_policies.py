@@ -80,3 +80,25 @@ def test_rollout_command(tmp_path, capsys, synth):
     assert len(lines) == 3 and json.loads(lines[0])["steps"]
     assert cli(["rollout", "--tasks", str(tasks), "--policy", "fuzz", "--out", str(out), "--limit", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["crashes"] == 0
+
+
+def test_rollout_flags_are_the_env_config(tmp_path, capsys, synth):
+    """Every EnvConfig option (but the client and parser objects) is a rollout flag with the field's
+    default, and the flags reach the episodes: one step allowed cuts every episode before it answers."""
+    from dataclasses import fields
+
+    from atommem_rl.cli import build_parser
+    from envs.core import EnvConfig
+
+    args = build_parser().parse_args(["rollout", "--tasks", "t", "--policy", "oracle", "--out", "o"])
+    for f in fields(EnvConfig):
+        if f.name not in ("client", "parser"):
+            default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+            assert getattr(args, f.name) == default, f.name
+    tasks = tmp_path / "t.jsonl"
+    save_tasks(synth[:2], tasks)
+    assert cli(["rollout", "--tasks", str(tasks), "--policy", "oracle", "--out", str(tmp_path / "o.jsonl"),
+                "--chunk-tokens", "384", "--max-prompt-tokens", "3072", "--max-steps", "1",
+                "--no-auto-retrieve"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["truncated"] == 2 and summary["em"] == 0

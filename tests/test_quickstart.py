@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from .conftest import SHARED_DATA, require
+from .conftest import REPO, SHARED_DATA, require
 
 os.environ.setdefault("WANDB_MODE", "offline")
 LOCOMO = SHARED_DATA / "locomo" / "locomo10.json"
@@ -47,6 +49,15 @@ def test_mean_se_by_hand():
     s = mean_se([0.0, 1.0, 1.0, 0.0])
     assert s["n"] == 4 and s["mean"] == 0.5
     assert s["se"] == pytest.approx((1 / 3) ** 0.5 / 2)  # sample variance 1/3, n = 4
+
+
+def test_verdict_two_standard_errors_either_way():
+    from atommem_rl.pipeline.quickstart import verdict
+
+    assert verdict({"mean": 0.07, "se": 0.03}) == "beyond noise"
+    assert verdict({"mean": -0.086, "se": 0.033}) == "WORSE, beyond noise"
+    assert verdict({"mean": 0.039, "se": 0.031}).startswith("NOT beyond noise")
+    assert verdict({"mean": -0.05, "se": 0.03}).startswith("NOT beyond noise")
 
 
 def test_phases_skip_rerun_and_propagate(tmp_path):
@@ -131,6 +142,21 @@ def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
     assert (out / "training_curves.png").stat().st_size > 0
     top = json.loads((out / "metrics.json").read_text())
     assert all(top["phases"][p]["ran"] for p in PHASES)
+
+    # re-measured on fresh held-out tasks (scripts/confirm_heldout.py): another seed, the run's evaluation
+    # settings, SFT once, paired differences for the run's GRPO and a second GRPO from the same SFT phase
+    confirm = [sys.executable, str(REPO / "scripts" / "confirm_heldout.py"), str(out), "--tasks", "2"]
+    same = subprocess.run(confirm + ["--seed", "1000"], capture_output=True, text=True)  # the run's own seed
+    assert same.returncode != 0 and "own held-out seed" in same.stderr
+    done = subprocess.run(confirm + ["--seed", "7", "--also", f"twin={out}"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    paired = json.loads((out / "confirm-7" / "paired.json").read_text())
+    assert {"checkpoint:sft", "checkpoint:grpo", "checkpoint:twin"} <= set(paired)
+    assert paired["grpo - sft"]["em"]["n"] == paired["twin - sft"]["em"]["n"] == 2
+    assert paired["twin - sft"] == paired["grpo - sft"]  # the same checkpoint, greedy: the same answers
+    assert all(t.startswith("synth-doc-7-") for t in
+               (json.loads(x)["id"] for x in (out / "confirm-7" / "heldout.jsonl").read_text().splitlines()))
+    assert "GRPO - SFT" in done.stdout
 
     # a second run skips every phase and reports the same results
     cfg = dict(out=str(out), tiny=True, locomo=str(LOCOMO), heldout_tasks=2, methods="oracle,heuristic,rag")

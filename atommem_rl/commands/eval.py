@@ -47,6 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gen-batch-size", type=int, default=8, help="prompts per Hugging Face generate call")
     p.add_argument("--resume", action="store_true", help="continue a killed run in --out: skip the (method, "
                    "dataset) pairs its records.partial.jsonl holds (same settings, tasks and models only)")
+    p.add_argument("--policy-env", type=json.loads, default={}, metavar="JSON",
+                   help="environment settings of the checkpoint's training (envs.core.EnvConfig), e.g. "
+                        "'{\"max_answer_steps\": 1, \"disable\": \"update,delete\"}': a policy is evaluated in the "
+                        "environment it was trained in; the reward and the fields above stay the evaluation's")
     p.add_argument("--run-logs", default=None, help="a training run folder (trainer_state.json) for the ops plot")
     for f in ("seed", "retrieval_k", "embedder", "reader_max_new_tokens", "manager_max_new_tokens",
               "policy_max_new_tokens", "context_tokens", "rag_chunk_tokens", "mem0_k", "memagent_chunk_tokens",

