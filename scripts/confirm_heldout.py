@@ -9,7 +9,7 @@ of another run that started from the same SFT phase (same phase key), so the SFT
 every checkpoint is evaluated under the first run's settings.
 
     .venv-vllm/bin/python scripts/confirm_heldout.py checkpoints/ls4 --also ls8=checkpoints/ls8 \
-        --seed 6000 --tasks 256 --backend vllm
+        --seed 6000 --tasks 256 --backend vllm [--batch-size 64]
 
 Writes RUN/confirm-SEED/ (the evaluation's metrics.json, trajectories.jsonl, report) and
 RUN/confirm-SEED/paired.json; rerunning resumes a killed evaluation.
@@ -46,9 +46,15 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=6000, help="seed of the fresh held-out tasks (default 6000)")
     p.add_argument("--tasks", type=int, default=256, help="fresh held-out tasks (default 256)")
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="episodes in flight per generate call (default: the run's evaluation setting, 8); "
+                        "throughput only: vLLM batches all of them in one call")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
+    # as in scripts/learning_signal.sh: bound, vLLM's CPU worker computes on all cores but one (one of two
+    # here), the other reserved for its frontend
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
     data, sft, ev = phase(args.run, "data"), phase(args.run, "sft"), phase(args.run, "eval")
     if args.seed == data["settings"]["heldout"][1]:
@@ -76,7 +82,10 @@ def main() -> int:
     from atommem_rl.eval.data import load_dataset
     from atommem_rl.eval.harness import evaluate
 
-    settings = EvalSettings(**ev["result"]["settings"])
+    recorded = dict(ev["result"]["settings"])
+    if args.batch_size:
+        recorded["batch_size"] = args.batch_size
+    settings = EvalSettings(**recorded)
     folders = {"checkpoint:sft": args.run / "sft", **grpos}
     ckpts = {m: (lambda f=f: make_backend(args.backend, str(f), batch_size=settings.batch_size))
              for m, f in folders.items()}

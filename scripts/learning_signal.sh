@@ -17,7 +17,8 @@
 # set the GRPO side. BACKEND=vllm|hf generates the held-out episodes (and GRPO's rollouts, see ROLLOUT) (default: vllm where
 # scripts/setup_vllm.sh made .venv-vllm, about 8x faster on this CPU; the whole run then uses that
 # environment's Python). The figures go in docs/BENCHMARKS.md ("Learning signal"). Settings chosen by
-# looking at this held-out set are re-measured on fresh tasks with scripts/confirm_heldout.py OUT.
+# looking at this held-out set are re-measured on fresh tasks with scripts/confirm_heldout.py OUT (the
+# command is printed last; there GRPO beat SFT beyond noise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-checkpoints/learning_signal}
@@ -90,3 +91,4 @@ print(f"held-out EM: SFT {ep['checkpoint:sft']['em']['mean']:.3f} ± {ep['checkp
       f"over {d['n']} episodes; GRPO - SFT {d['mean']:+.3f} ± {d['se']:.3f}: {verdict(d)}")
 EOF
 echo "report: $OUT/report.md"
+echo "fresh held-out tasks (docs/BENCHMARKS.md, eighth run): $PY scripts/confirm_heldout.py $OUT --seed 7000 --tasks 768 --backend $BACKEND --batch-size 64"
