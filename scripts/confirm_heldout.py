@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atommem_rl.eval.methods import EvalSettings  # noqa: E402
-from atommem_rl.pipeline.quickstart import episode_stats, verdict  # noqa: E402
+from atommem_rl.pipeline.quickstart import episode_stats, paired_summary  # noqa: E402
 from atommem_rl.tasks.schema import save_tasks  # noqa: E402
 from atommem_rl.training.task_source import TaskSource, load_train_tasks  # noqa: E402
 
@@ -96,12 +96,9 @@ def main() -> int:
 
     stats = episode_stats(out / "trajectories.jsonl", pairs=[(m, "checkpoint:sft") for m in grpos])
     result = {"seed": args.seed, "tasks": args.tasks, **stats}
-    sft_em = stats["checkpoint:sft"]["em"]
     for m in grpos:
-        em, d = stats[m]["em"], stats[f"{m.split(':')[1]} - sft"]["em"]
-        print(f"{m}: held-out EM (seed {args.seed}) SFT {sft_em['mean']:.3f} ± {sft_em['se']:.3f}, GRPO "
-              f"{em['mean']:.3f} ± {em['se']:.3f} over {d['n']} episodes; GRPO - SFT {d['mean']:+.3f} ± "
-              f"{d['se']:.3f}: {verdict(d)}")
+        line = paired_summary(stats["checkpoint:sft"]["em"], stats[m]["em"], stats[f"{m.split(':')[1]} - sft"]["em"])
+        print(f"{m}: held-out EM (seed {args.seed}) {line}")
     (out / "paired.json").write_text(json.dumps(result, indent=1))
     return 0
 

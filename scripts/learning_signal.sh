@@ -81,14 +81,11 @@ for skip in retrieval,eval retrieval; do
 done
 "$PY" - "$OUT" <<'EOF'
 import json, sys
-from atommem_rl.pipeline.quickstart import verdict
+from atommem_rl.pipeline.quickstart import paired_summary
 m = json.load(open(f"{sys.argv[1]}/metrics.json"))
 ep = m["phases"]["eval"]["result"]["episodes"]
 print(json.dumps({k: {"em": v["em"], "f1": v["f1"]} for k, v in ep.items()}, indent=1))
-d = ep["grpo - sft"]["em"]
-print(f"held-out EM: SFT {ep['checkpoint:sft']['em']['mean']:.3f} ± {ep['checkpoint:sft']['em']['se']:.3f}, "
-      f"GRPO {ep['checkpoint:grpo']['em']['mean']:.3f} ± {ep['checkpoint:grpo']['em']['se']:.3f} "
-      f"over {d['n']} episodes; GRPO - SFT {d['mean']:+.3f} ± {d['se']:.3f}: {verdict(d)}")
+print("held-out EM: " + paired_summary(ep["checkpoint:sft"]["em"], ep["checkpoint:grpo"]["em"], ep["grpo - sft"]["em"]))
 EOF
 echo "report: $OUT/report.md"
 echo "fresh held-out tasks (docs/BENCHMARKS.md, eighth run): $PY scripts/confirm_heldout.py $OUT --seed 7000 --tasks 768 --backend $BACKEND --batch-size 64"

@@ -145,6 +145,13 @@ def verdict(diff: dict) -> str:
     return "NOT beyond noise (within 2 standard errors)"
 
 
+def paired_summary(sft: dict, grpo: dict, diff: dict) -> str:
+    """One line for the held-out EM of SFT and GRPO (``mean_se``) and their paired difference with its
+    verdict; printed by scripts/learning_signal.sh and scripts/confirm_heldout.py."""
+    return (f"SFT {sft['mean']:.3f} ± {sft['se']:.3f}, GRPO {grpo['mean']:.3f} ± {grpo['se']:.3f} over "
+            f"{diff['n']} episodes; GRPO - SFT {diff['mean']:+.3f} ± {diff['se']:.3f}: {verdict(diff)}")
+
+
 class Quickstart:
     """One pipeline run; ``run()`` executes the phases in order and returns the report path."""
 
