@@ -33,13 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from envs import make_env
-from envs.core import OPS
+from envs.core import OPS, EnvConfigError
 
 from .memory.backends import address, is_up
 from .memory.errors import StoreUnavailableError
 from .memory.store import COLLECTION_PREFIX
 from .policies.base import Policy
 from .tasks.schema import Task
+
+
+_CRASHED = object()  # an action slot whose episode crashed inside the policy
 
 
 def make_policy(name: str, **kw) -> Policy:
@@ -84,6 +87,9 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
     """
     if retries < 0 or retry_backoff < 0:
         raise ValueError("retries and retry_backoff must be non-negative")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        # with no episode open the scheduler loop would spin forever waiting for one
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
     env_config = dict(env_config or {})
     client = env_config.get("client")
     url = address(client) if client is not None else "in-process"
@@ -152,16 +158,34 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
                 pass
         return True
 
+    def crash(key: int, rec: dict, env, tb: str) -> None:
+        """The episode ends as a crash (counted, traceback kept); the run goes on."""
+        rec.update(crashed=True, traceback=tb, score=0.0, em=0.0, f1=0.0)
+        rec.setdefault("memory", None)
+        rec["seconds"] = time.perf_counter() - rec.pop("started")
+        if env is not None:
+            env.close()
+        finish(key, rec)
+
     def open_episode(key: int, task: Task, attempt: int) -> None:
         rec = new_record(task, attempt)
         env = make_env(task, **env_config)  # a configuration error raises here: the caller's bug
         try:
             obs, info = env.reset(seed=seed + key)  # a retry replays the same episode
+            policy.start(key, task)
         except StoreUnavailableError as exc:
             fail(key, task, attempt, env, exc, step=0)
             return
+        except EnvConfigError:
+            raise
+        except Exception:  # noqa: BLE001 - this episode's crash, not the run's
+            try:
+                policy.end(key)
+            except Exception:  # noqa: BLE001 - start may have failed before the policy knew the key
+                pass
+            crash(key, rec, env, traceback.format_exc())
+            return
         rec["namespace"] = env.store.namespace if env.store is not None else None
-        policy.start(key, task)
         active[key] = {"env": env, "obs": obs, "info": info, "rec": rec, "return": 0.0, "task": task,
                        "attempt": attempt}
 
@@ -191,6 +215,26 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
         policy.end(key)
         finish(key, rec)
 
+    def act(keys: list[int]) -> list:
+        """One policy call for the batch. If it raises, each episode is asked alone, so the exception
+        crashes only the episodes it comes from (their marker is _CRASHED) and the others go on."""
+        batch = [(k, active[k]["obs"], active[k]["info"]) for k in keys]
+        try:
+            return policy.act(batch)
+        except Exception:  # noqa: BLE001
+            pass
+        out = []
+        for item in batch:
+            try:
+                out.append(policy.act([item])[0])
+            except Exception:  # noqa: BLE001 - a policy crash is that episode's finding
+                st = active.pop(item[0])
+                policy.end(item[0])
+                st["rec"]["memory"] = st["env"].memory_snapshot() if record_prompts else None
+                crash(item[0], st["rec"], st["env"], traceback.format_exc())
+                out.append(_CRASHED)
+        return out
+
     while fresh or waiting or active:
         up = server_up()
         while waiting and waiting[0][0] <= time.monotonic() and len(active) < batch_size:
@@ -213,9 +257,10 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
                 time.sleep(max(0.0, min(waiting[0][0] - time.monotonic(), 1.0)))
             continue
         keys = list(active)
-        batch = [(k, active[k]["obs"], active[k]["info"]) for k in keys]
-        actions = policy.act(batch)
+        actions = act(keys)
         for k, action in zip(keys, actions):
+            if action is _CRASHED:
+                continue
             st = active[k]
             try:
                 obs, reward, terminated, truncated, info = st["env"].step(action)

@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from atommem_rl import scoring
 from atommem_rl.memory import text as _text
-from atommem_rl.memory.atom import Relation, Role
+from atommem_rl.memory.atom import Relation, Role, TimeSpan
 from atommem_rl.memory.errors import MemoryStoreError, StoreUnavailableError
 from atommem_rl.memory.store import AtomStore
 from atommem_rl.tasks.schema import Task
@@ -114,6 +114,7 @@ class EnvConfig:
         bad = set(self.disable) - set(ABLATIONS)
         if bad:
             raise ValueError(f"unknown ablations {sorted(bad)}; expected any of {ABLATIONS}")
+        self._check_numbers()
         if self.chunk_tokens < 16:
             raise ValueError("chunk_tokens must be at least 16")
         if self.max_prompt_tokens < self.chunk_tokens + 64:
@@ -124,13 +125,35 @@ class EnvConfig:
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}")
         if self.reward == "judge" and not (self.judge_url and self.judge_model):
             raise ValueError("reward=judge needs judge_url and judge_model")
-        if self.capacity is not None and self.capacity < 1:
-            raise ValueError("capacity must be positive")
-        if self.format_penalty < 0 or self.error_penalty < 0:
-            raise ValueError("format_penalty and error_penalty are costs: they must not be negative")
-        for name in ("retrieval_k", "read_budget", "answer_read_budget", "max_calls", "scratchpad_tokens"):
-            if getattr(self, name) < 0 or (name in ("retrieval_k", "max_calls") and getattr(self, name) < 1):
-                raise ValueError(f"{name} is out of range")
+
+    # limits where 0 or less means nothing (max_steps=0 used to be read as "unset"); None = no limit
+    _AT_LEAST_ONE = ("chunk_tokens", "max_chunks", "max_prompt_tokens", "retrieval_k", "max_calls", "capacity",
+                     "max_answer_steps", "max_steps", "max_episode_tokens", "max_atom_chars", "max_arg_chars")
+    _AT_LEAST_ZERO = ("read_budget", "answer_read_budget", "scratchpad_tokens", "write_behind", "exact_below")
+    _WEIGHTS = ("format_penalty", "error_penalty", "evidence_bonus", "relation_bonus")
+
+    def _check_numbers(self) -> None:
+        """Every count is an int in range and every weight a finite number, or the error names the field
+        (a NaN bonus made every reward NaN; a negative max_atom_chars refused every memory)."""
+        import math
+
+        for name in self._AT_LEAST_ONE + self._AT_LEAST_ZERO:
+            v, low = getattr(self, name), 1 if name in self._AT_LEAST_ONE else 0
+            unset_ok = self.__dataclass_fields__[name].default is None
+            if v is None and unset_ok:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{name} must be an integer >= {low}{' (or unset)' if unset_ok else ''}, got {v!r}")
+        for name in self._WEIGHTS:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{name} must be a finite number and must not be negative, got {v!r}")
+        tok = self.tokenizer
+        if isinstance(tok, str) and tok not in ("", "smollm2", "words") and not os.path.isdir(tok) and (
+                os.path.isabs(tok) or tok.startswith((".", "~")) or os.path.exists(tok)):
+            # a path that is not a folder: said here, not as the hub's "Repo id must use alphanumeric
+            # chars" from deep inside transformers after the model has loaded
+            raise ValueError(f"tokenizer {tok!r} is not a tokenizer folder (expected smollm2, words or a folder)")
 
     @classmethod
     def from_kwargs(cls, **kw) -> "EnvConfig":
@@ -186,6 +209,11 @@ def _clip(value: Any, n: int = 60) -> str:
 
 class ToolError(Exception):
     """A tool call the environment refuses; the message goes into the next prompt."""
+
+
+class EnvConfigError(ValueError):
+    """The configuration cannot work for this task (the prompt cap cannot hold a chunk): the caller's
+    error, raised at reset, never an episode's crash."""
 
 
 @dataclass
@@ -388,7 +416,7 @@ class MemoryEnv:
         finally:
             self.chunk_index = saved
         if n > self.config.max_prompt_tokens:
-            raise ValueError(
+            raise EnvConfigError(
                 f"max_prompt_tokens={self.config.max_prompt_tokens} cannot hold the rules, questions and the "
                 f"longest chunk ({n} tokens): raise max_prompt_tokens or lower chunk_tokens")
 
@@ -619,14 +647,18 @@ class MemoryEnv:
             if self.config.capacity is not None and len(store) >= self.config.capacity:
                 if self.config.on_full == "refuse":
                     raise ToolError(f"memory is full ({self.config.capacity} entries): update or delete entries first")
-                self._evict()
             sources = self._attribute(content)
+            TimeSpan.parse(args.get("time"))  # a bad time is refused before anything is evicted
+            evicted = self._evict() if self.config.capacity is not None and len(store) >= self.config.capacity else None
             atom = store.create(content, time=args.get("time"), source_ids=sources)
             handle = f"M{len(self.handles) + 1}"
             self.handles[handle] = atom.id
             self.handle_of[atom.id] = handle
             self.last_shown[atom.id] = self.step_index
-            return {"message": f"stored as {handle}", "handle": handle, "sources": sources}
+            # the eviction is said in this call's result line, which the next prompt shows
+            note = f" (memory full: evicted {evicted})" if evicted else ""
+            out = {"message": f"stored as {handle}{note}", "handle": handle, "sources": sources}
+            return {**out, "evicted": evicted} if evicted else out
         if name == "read_memory":
             q = args["query"].strip()
             if not q:
@@ -660,14 +692,15 @@ class MemoryEnv:
             return {"message": f"{rel.value}({self.handle_of[new]}, {self.handle_of[old]})" + (f": {roles}" if roles else "")}
         raise ToolError(f"unknown tool {name!r}")  # pragma: no cover - _check_args filters
 
-    def _evict(self) -> None:
+    def _evict(self) -> str | None:
+        """Delete the least recently shown atom (Evidence before Primary); returns its handle."""
         store = self.store
         primaries = [a for a in store.atoms(roles=(Role.PRIMARY, Role.EVIDENCE))]
         if not primaries:
-            return
+            return None
         victim = min(primaries, key=lambda a: (a.role is Role.PRIMARY, self.last_shown.get(a.id, -1), a.created_at))
         store.delete(victim.id)
-        self.last_results.append(f"memory full: evicted {self.handle_of.get(victim.id, victim.id)}")
+        return self.handle_of.get(victim.id, victim.id)
 
     def _attribute(self, content: str) -> list[str]:
         """Units of the current (or previous) chunk that ``content`` restates (hidden bookkeeping)."""
@@ -863,7 +896,7 @@ class MemoryEnv:
         res_short = [r if len(r) <= 160 else r[:160] + "..." for r in res_short]
         floor_msgs, floor = build([], f"({len(mem_lines)} retrieved entries not shown: prompt limit)", "[scratchpad not shown: prompt limit]", [])
         if floor > cap:
-            raise ValueError(
+            raise EnvConfigError(
                 f"max_prompt_tokens={cap} cannot hold the rules, questions and chunk ({floor} tokens): "
                 "raise max_prompt_tokens or lower chunk_tokens")
         # 2) results (short), then the scratchpad, then memory lines greedily, best first

@@ -14,11 +14,10 @@ callable ``text -> (calls, errors)`` as its ``parser``.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _DECODER = json.JSONDecoder()
 
 
@@ -46,7 +45,6 @@ def parse_tool_calls(text: object, max_calls: int = 64) -> tuple[list[ToolCall],
         text = text.decode("utf-8", errors="replace")
     if not isinstance(text, str):
         return [], [ParseError(f"the action must be text, got {type(text).__name__}")]
-    text = _THINK.sub("", text)
     calls: list[ToolCall] = []
     errors: list[ParseError] = []
     pos, index = 0, 0
@@ -54,6 +52,15 @@ def parse_tool_calls(text: object, max_calls: int = 64) -> tuple[list[ToolCall],
         start = text.find(OPEN, pos)
         if start < 0:
             break
+        # reasoning is skipped only where it starts outside a call: a "<think>" inside a JSON string is
+        # data (stripping it first cut that call and every later one)
+        think = text.find(THINK_OPEN, pos, start)
+        if think >= 0:
+            end = text.find(THINK_CLOSE, think)
+            if end < 0:
+                break  # unclosed reasoning runs to the end of the action
+            pos = end + len(THINK_CLOSE)
+            continue
         if index >= max_calls:
             errors.append(ParseError(f"more than {max_calls} tool calls in one action; the rest were ignored", index))
             break

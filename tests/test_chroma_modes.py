@@ -51,10 +51,10 @@ def read_in_new_process(kind: str, arg: str, ns: str) -> dict:
 
 
 def expected_after_populate(result: dict) -> None:
-    atoms = {a["id"]: a for a in result["atoms"]}
-    assert atoms["a1"]["role"] == Role.EVIDENCE.value and atoms["a2"]["role"] == Role.PRIMARY.value
-    assert atoms["a2"]["history"][0]["text"] == "Ann lives in Bergen"
-    assert atoms["a2"]["relations"] == {"a1": "conflict"}
+    old, new = result["atoms"]  # in creation order
+    assert old["role"] == Role.EVIDENCE.value and new["role"] == Role.PRIMARY.value
+    assert new["history"][0]["text"] == "Ann lives in Bergen"
+    assert new["relations"] == {old["id"]: "conflict"}
     assert result["read"] == [
         "Ann lives in Bergen, near the harbour [previously: Ann lives in Bergen; Ann lives in Oslo (until 2023-04-01)]"
     ]

@@ -248,7 +248,7 @@ def test_malformed_inputs_are_clear_errors(tmp_path):
     d["questions"][0]["answers"] = []
     no_ans = tmp_path / "noans.jsonl"
     no_ans.write_text(json.dumps(d) + "\n")
-    with pytest.raises(ValueError, match=r"record 1 .*question Q1 has no gold answers"):
+    with pytest.raises(ValueError, match=r"record 1 .*questions\[0\]\.answers: expected at least one string"):
         load_dataset(no_ans)
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         load_dataset(tmp_path / "missing.jsonl")

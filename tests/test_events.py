@@ -171,7 +171,7 @@ def test_reopen_in_a_new_process(tmp_path, namespace):
         store = AtomStore({namespace!r}, client=make_client("persistent", path={path!r}))
         layer = EventLayer(store)
         out = {{"events": [e.to_dict() for e in layer.events()],
-               "of_a2": [e.id for e in layer.events_of("a2")],
+               "of_a2": [e.id for e in layer.events_of(store.atoms()[1].id)],
                "search": layer.search("pottery class", k=1)[0].event.id}}
         # placement after the reopen uses the members' stored vectors
         out["joined"] = create_in_event(store, layer, AtomDraft({HIKE[1]!r}, participants=["Caroline"],

@@ -25,7 +25,8 @@ def test_create_read_update_delete(store):
     a = store.create("Ann works at Acme as an engineer", participants=["Ann"], time="2023-01-05",
                      metadata={"source": "doc1", "page": 3})
     b = store.create("Bob lives in Lisbon", participants=["Bob"], time=("2023-02-01", "2023-02-28"))
-    assert (a.id, b.id) == ("a1", "a2")
+    # store-assigned ids are a<seq>-<writer>: unique across writers of one namespace
+    assert (a.id, b.id) == (f"a1-{store.writer}", f"a2-{store.writer}")
     assert a.role is Role.PRIMARY and "acm" in a.keywords
     hits = store.read("Where does Ann work?", k=2)
     assert [h.id for h in hits][0] == a.id and hits[0].score > hits[1].score
@@ -74,13 +75,13 @@ def test_namespaces_are_isolated(namespace):
      ("x" * 100_000, InvalidAtomError), ("nul\x00byte", InvalidAtomError)],
 )
 def test_bad_text_is_refused_and_nothing_changes(store, text, error):
-    store.create("an existing fact")
+    aid = store.create("an existing fact").id
     before = chroma_state(store)
     with pytest.raises(error):
         store.create(text)
     with pytest.raises(error):
-        store.update("a1", text)
-    assert chroma_state(store) == before and store.get("a1").text == "an existing fact"
+        store.update(aid, text)
+    assert chroma_state(store) == before and store.get(aid).text == "an existing fact"
 
 
 @pytest.mark.parametrize(
@@ -164,7 +165,7 @@ def test_failed_chroma_batch_is_rolled_back(store):
         store.create_many([AtomDraft(text=f"new fact {i}") for i in range(10)])
     store.collection = real
     assert chroma_state(store) == before and len(store) == 1
-    assert [a.id for a in store.create_many([AtomDraft(text="after")])] == ["a2"]
+    assert [a.id for a in store.create_many([AtomDraft(text="after")])] == [f"a2-{store.writer}"]
 
 
 def test_namespace_validation():

@@ -77,9 +77,9 @@ def test_same_results_as_write_through(write_behind, exact_below, seed, own_clie
     rng = random.Random(seed)
     emb = HashingEmbedder(128)
     tag = uuid.uuid4().hex[:8]
-    through = AtomStore(f"wt-{tag}", embedder=emb, client=own_client)
+    through = AtomStore(f"wt-{tag}", embedder=emb, client=own_client, writer="0a0a")  # same ids on both sides
     behind = AtomStore(f"wb-{tag}", embedder=emb, write_behind=write_behind, exact_below=exact_below,
-                       client=own_client)
+                       client=own_client, writer="0a0a")
     try:
         counts = {}
         for step in range(200):
@@ -132,17 +132,18 @@ def test_other_chroma_users_see_pending_writes(own_client):
 def test_failed_flush_keeps_writes_pending_and_retries():
     store = AtomStore(f"wbf-{uuid.uuid4().hex[:8]}", embedder=HashingEmbedder(64), write_behind=1000)
     try:
-        store.create("Bob lives in Lisbon")
+        bob = store.create("Bob lives in Lisbon").id
         real = store.collection
         def boom(*a, **k):
             raise ValueError("boom")
 
-        broken = type("Broken", (), {"add": boom, "upsert": boom, "update": real.update, "query": real.query})()
+        broken = type("Broken", (), {"add": boom, "upsert": boom, "update": real.update, "query": real.query,
+                                     "get": real.get})()
         store.collection = broken
         with pytest.raises(MemoryStoreError, match="writing pending atoms"):
             store.flush()
         assert store.pending == 1 and len(store) == 1
-        store.update("a1", "Bob lives in Porto")  # still pending; the retry must send this text
+        store.update(bob, "Bob lives in Porto")  # still pending; the retry must send this text
         store.collection = real
         store.flush()
         assert store.pending == 0 and real.get()["documents"] == ["Bob lives in Porto"]

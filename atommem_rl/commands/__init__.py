@@ -1,0 +1,84 @@
+"""One module per ``atommem`` subcommand (see ``atommem_rl/cli.py``), plus the argparse value types
+they share: a number that means nothing (a batch of 0 episodes, a NaN temperature) is refused by
+argparse itself, one line naming the flag, before anything is loaded."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def positive_int(text: str) -> int:
+    n = _int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return n
+
+
+def nonneg_int(text: str) -> int:
+    n = _int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return n
+
+
+def seed_int(text: str) -> int:
+    n = _int(text)
+    if not 0 <= n < 2**32:  # numpy and torch seeds
+        raise argparse.ArgumentTypeError(f"expected a seed in 0..4294967295, got {text!r}")
+    return n
+
+
+def nonneg_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite non-negative number, got {text!r}")
+    return x
+
+
+def input_file(path: str, what: str) -> Path:
+    """``path`` as a file to read: missing or a folder is a one-line error naming it."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} {p} does not exist")
+    if not p.is_file():
+        raise ValueError(f"{what} {p} is a folder, expected a file")
+    return p
+
+
+def output_file(path: str, what: str) -> Path:
+    """``path`` as a file to write: an existing folder there (or a file where its folder should be)
+    is a one-line error naming it, raised before any work."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {p} is a folder, expected a file path")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{what} {p}: {parent} is a file, not a folder")
+            break
+    return p
+
+
+def output_dir(path: str, what: str) -> Path:
+    """``path`` as a folder to write into: an existing file there is a one-line error naming it."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{what} {p} is an existing file, expected a folder")
+    for parent in p.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{what} {p}: {parent} is a file, not a folder")
+            break
+    return p

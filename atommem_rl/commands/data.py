@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import input_file, output_file, positive_int, seed_int
+
 
 def _range(text: str) -> int | tuple[int, int]:
     try:
@@ -37,10 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = kinds.add_parser("synth", help="generate synthetic memory tasks (deterministic for a seed)")
     s.add_argument("--out", required=True, help="output JSONL file")
-    s.add_argument("--tasks", type=int, default=100, help="number of tasks (default 100)")
-    s.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s.add_argument("--tasks", type=positive_int, default=100, help="number of tasks (default 100)")
+    s.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     s.add_argument("--kind", choices=["documents", "dialogue"], default="documents", help="documents or dialogue sessions")
-    s.add_argument("--docs", type=int, default=20, help="documents (or sessions) per task, e.g. 200 or 800 (default 20)")
+    s.add_argument("--docs", type=positive_int, default=20, help="documents (or sessions) per task, e.g. 200 or 800 (default 20)")
     s.add_argument("--questions", type=_range, default=(1, 3), help="questions per task: N or LO-HI within 1-10 (default 1-3)")
     s.add_argument("--confounders", type=int, default=2, choices=range(0, 9), metavar="C",
                    help="confounder statements per question, 0-8 (default 2)")
@@ -52,13 +54,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output JSONL file")
     p.add_argument("--corpus", default=None, help="passage pool for distractors (hotpotqa/musique; default: the "
                    "*_corpus.json next to --path when present)")
-    p.add_argument("--docs", type=int, default=20, help="documents per task for hotpotqa/musique (default 20)")
+    p.add_argument("--docs", type=positive_int, default=20, help="documents per task for hotpotqa/musique (default 20)")
     p.add_argument("--questions", type=_range, default=1, help="questions packed per task, N or LO-HI (default 1)")
-    p.add_argument("--limit", type=int, default=None, help="use at most this many source questions/conversations")
+    p.add_argument("--limit", type=positive_int, default=None, help="use at most this many source questions/conversations")
     p.add_argument("--keep-adversarial", action="store_true", help="locomo: keep category-5 questions")
-    p.add_argument("--questions-per-task", type=int, default=None,
+    p.add_argument("--questions-per-task", type=positive_int, default=None,
                    help="locomo: questions per task; a conversation gives several tasks (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     p.set_defaults(func=run_prepare)
 
 
@@ -66,8 +68,7 @@ def run_synth(args) -> int:
     from atommem_rl.tasks.schema import save_tasks
     from atommem_rl.tasks.synth import generate_tasks
 
-    if args.tasks < 1 or args.docs < 1:
-        raise ValueError("--tasks and --docs must be positive")
+    output_file(args.out, "--out")
     tasks = generate_tasks(args.tasks, args.seed, kind=args.kind, docs=args.docs, questions=args.questions,
                            confounders=args.confounders)
     n = save_tasks(tasks, args.out)
@@ -79,6 +80,10 @@ def run_prepare(args) -> int:
     from atommem_rl.tasks import prepare
     from atommem_rl.tasks.schema import save_tasks
 
+    input_file(args.path, "--path")
+    if args.corpus:
+        input_file(args.corpus, "--corpus")
+    output_file(args.out, "--out")
     tasks = prepare.prepare(args.source, args.path, corpus=args.corpus, docs=args.docs, questions=args.questions,
                             limit=args.limit, seed=args.seed, keep_adversarial=args.keep_adversarial,
                             questions_per_task=args.questions_per_task)

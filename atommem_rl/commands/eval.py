@@ -22,6 +22,8 @@ import json
 import os
 from pathlib import Path
 
+from . import output_dir, positive_int
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from atommem_rl.eval.methods import ALL_METHODS, EvalSettings
@@ -41,10 +43,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "checkpoints/extractor/sft; verification and answers stay with --model")
     p.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for --backend openai")
     p.add_argument("--model-name", default=None, help="model name sent to the endpoint (openai)")
-    p.add_argument("--limit", type=int, default=None, help="tasks per file (the first N)")
-    p.add_argument("--max-blocks", type=int, default=None, help="keep the first N blocks of each task and the "
+    p.add_argument("--limit", type=positive_int, default=None, help="tasks per file (the first N)")
+    p.add_argument("--max-blocks", type=positive_int, default=None, help="keep the first N blocks of each task and the "
                    "questions answerable from them (same subset for every method; recorded)")
-    p.add_argument("--gen-batch-size", type=int, default=8, help="prompts per Hugging Face generate call")
+    p.add_argument("--gen-batch-size", type=positive_int, default=8, help="prompts per Hugging Face generate call")
     p.add_argument("--resume", action="store_true", help="continue a killed run in --out: skip the (method, "
                    "dataset) pairs its records.partial.jsonl holds (same settings, tasks and models only)")
     p.add_argument("--policy-env", type=json.loads, default={}, metavar="JSON",
@@ -60,6 +62,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         typ = type(v) if v is not None else (int if f == "context_tokens" else str)
         p.add_argument("--" + f.replace("_", "-"), type=typ, default=v, help=f"(default {v})")
     p.set_defaults(func=main)
+
+
+def checkpoint_names(paths: list[str]) -> dict[str, str]:
+    """Each --checkpoint's method name: its folder name, or as many trailing path parts as it takes to
+    tell it from the others (runA/grpo and runB/grpo -> runA/grpo, runB/grpo); the same path twice is
+    an error, since one of the two would silently not be evaluated."""
+    parts = {c: Path(c).resolve().parts for c in paths}
+    if len(set(parts.values())) < len(parts):
+        dup = next(c for c in paths if list(parts.values()).count(parts[c]) > 1)
+        raise ValueError(f"--checkpoint {dup} is given twice")
+    names = {}
+    for c, p in parts.items():
+        n = 1
+        while n < len(p) and any(o != p and o[-n:] == p[-n:] for o in parts.values()):
+            n += 1
+        names[c] = "/".join(p[-n:])
+    return names
 
 
 def _datasets(specs: list[str], limit, max_blocks) -> tuple[dict, dict]:
@@ -81,12 +100,17 @@ def main(args) -> int:
     from atommem_rl.eval.harness import evaluate
     from atommem_rl.eval.methods import ALL_METHODS, EvalSettings
     from atommem_rl.models import check_checkpoint
+    from atommem_rl.training.checkpoints import check_model
 
+    # every model is checked (weights intact, not only present) before the first method runs
+    check = check_checkpoint if args.backend == "openai" else check_model
+    output_dir(args.out, "--out")
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     ckpts = {}
+    names = checkpoint_names(args.checkpoint)
     for c in args.checkpoint:
-        check_checkpoint(c)
-        name = f"checkpoint:{Path(c).name}"
+        check(c)
+        name = f"checkpoint:{names[c]}"
         ckpts[name] = (lambda c=c: make_backend(args.backend, c, base_url=args.base_url, model_name=args.model_name,
                                                 batch_size=args.gen_batch_size, context_window=args.context_tokens))
         if name not in methods:
@@ -96,12 +120,12 @@ def main(args) -> int:
         raise ValueError(f"unknown method(s) {', '.join(bad)}; expected {', '.join(ALL_METHODS)} or checkpoint:NAME "
                          "(one per --checkpoint)")
     if args.model and args.backend != "openai":
-        check_checkpoint(args.model)
+        check(args.model)
     datasets, files = _datasets(args.tasks, args.limit, args.max_blocks)
     fields = {f: getattr(args, f) for f in EvalSettings.__dataclass_fields__ if hasattr(args, f)}
     settings = EvalSettings(**fields)
     if args.extractor_model and args.backend != "openai":
-        check_checkpoint(args.extractor_model)
+        check(args.extractor_model)
     extractor = None if not args.extractor_model else (lambda: make_backend(
         args.backend, args.extractor_model, base_url=args.base_url, model_name=args.extractor_model,
         batch_size=args.gen_batch_size, context_window=args.context_tokens))

@@ -23,6 +23,8 @@ import argparse
 import json
 import sys
 
+from . import input_file, nonneg_float, nonneg_int, output_file, positive_int, seed_int
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rollout", help="run episodes with a policy and summarise them",
@@ -30,15 +32,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", required=True, help="task JSONL (atommem data synth|prepare)")
     p.add_argument("--policy", required=True, choices=["oracle", "heuristic", "random", "fuzz", "model"])
     p.add_argument("--out", required=True, help="trajectory JSONL to write")
-    p.add_argument("--limit", type=int, default=None, help="run at most this many tasks")
-    p.add_argument("--batch-size", type=int, default=8, help="episodes stepped together (one generation call)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=positive_int, default=None, help="run at most this many tasks")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="episodes stepped together (one generation call)")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--no-prompts", action="store_true", help="do not store prompts and memory in trajectories")
     c = p.add_argument_group("memory backend and store outages")
     c.add_argument("--chroma", default=None, metavar="URL",
                    help="a chroma run server, http://HOST:PORT (default: in-memory Chroma in this process)")
-    c.add_argument("--retries", type=int, default=3, help="retries of an episode hit by a store outage, then skip")
-    c.add_argument("--retry-backoff", type=float, default=2.0, help="seconds before the first retry (doubles, max 30)")
+    c.add_argument("--retries", type=nonneg_int, default=3, help="retries of an episode hit by a store outage, then skip")
+    c.add_argument("--retry-backoff", type=nonneg_float, default=2.0, help="seconds before the first retry (doubles, max 30)")
     c.add_argument("--keep-memory", action="store_true",
                    help="keep each episode's namespace in Chroma (named in its trajectory) instead of dropping it")
     add_env_arguments(p.add_argument_group("environment (envs.core.EnvConfig)"))
@@ -46,8 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--model", default=None, help="model path (default: the quickstart base model)")
     m.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf")
     m.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint for --backend openai")
-    m.add_argument("--max-new-tokens", type=int, default=256)
-    m.add_argument("--temperature", type=float, default=0.0)
+    m.add_argument("--max-new-tokens", type=positive_int, default=256)
+    m.add_argument("--temperature", type=nonneg_float, default=0.0)
     p.set_defaults(func=main)
 
 
@@ -91,8 +93,12 @@ def main(args) -> int:
     from atommem_rl.tasks.schema import load_tasks
 
     cfg = env_config_from_args(args)
-    if args.retries < 0 or args.retry_backoff < 0:
-        raise ValueError("--retries and --retry-backoff must be non-negative")
+    input_file(args.tasks, "--tasks")
+    output_file(args.out, "--out")
+    if args.policy == "model" and args.model and args.backend != "openai":
+        from atommem_rl.training.checkpoints import check_model
+
+        check_model(args.model)  # a truncated weights file is named here, not deep inside the loader
     tasks = load_tasks(args.tasks, limit=args.limit)
     if not tasks:
         raise ValueError(f"{args.tasks} holds no tasks")

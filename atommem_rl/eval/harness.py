@@ -12,6 +12,7 @@ oracle reads gold: scoring happens here, on the full task, after the method retu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -293,9 +294,11 @@ class _Partial:
         from dataclasses import asdict
 
         self.path, self.log = path, log
+        # contents, not names: a task file edited under the same ids, or a model retrained in the same
+        # folder, must not be resumed from (a resumed run mixed old and new records, exit status 0)
         self.header = json.loads(json.dumps({"settings": asdict(settings), "extra": extra or {},
-                                             "datasets": {d: [t.id for t in ts] for d, ts in datasets.items()}},
-                                            default=str))
+                                             "datasets": {d: _tasks_digest(ts) for d, ts in datasets.items()},
+                                             "files": _files_digest(extra or {})}, default=str))
         self.sizes = {d: len(ts) for d, ts in datasets.items()}
         self.records: list[dict] = []
         self.method_info: dict[str, dict] = {}
@@ -340,6 +343,40 @@ class _Partial:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def _tasks_digest(tasks: list[Task]) -> dict:
+    blob = json.dumps([t.to_dict() for t in tasks], sort_keys=True, default=str).encode()
+    return {"tasks": len(tasks), "sha256": hashlib.sha256(blob).hexdigest()}
+
+
+def _files_digest(extra: dict) -> dict[str, list]:
+    """Every existing file or folder the caller's settings name (models, checkpoints, extractor) ->
+    (name, size, mtime) of its files; weights are not read whole: a retrained or copied model changes
+    these, and hashing gigabytes at every resume would cost more than the check is worth."""
+    paths: list[str] = []
+
+    def walk(v):
+        if isinstance(v, str):
+            paths.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk({k: v for k, v in extra.items() if k != "task_files"})  # tasks are hashed by content
+    out = {}
+    for p in map(Path, sorted(set(paths))):
+        try:
+            if p.is_dir():
+                out[str(p)] = [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(p.iterdir()) if f.is_file()]
+            elif p.is_file():
+                out[str(p)] = [[p.name, p.stat().st_size, p.stat().st_mtime_ns]]
+        except OSError:
+            continue
+    return out
 
 
 def _word_count(text: str) -> int:

@@ -96,6 +96,7 @@ class EvalSettings:
     policy_env: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        self._check_numbers()
         if not isinstance(self.policy_env, dict):
             raise ValueError(f"policy_env must be a mapping of environment settings, got {self.policy_env!r}")
         fixed = sorted(set(self.policy_env) & set(EVAL_ENV_KEYS))
@@ -107,6 +108,26 @@ class EvalSettings:
             EnvConfig.from_kwargs(**self.policy_env)
         except TypeError as exc:
             raise ValueError(f"policy_env: {exc}") from None
+
+
+    # counts that must be at least 1 (0 episodes in flight never finishes; 0 tokens answers nothing)
+    _POSITIVE = ("retrieval_k", "reader_max_new_tokens", "manager_max_new_tokens", "policy_max_new_tokens",
+                 "context_tokens", "rag_chunk_tokens", "mem0_k", "memagent_chunk_tokens", "memagent_memory_tokens",
+                 "roam_k", "chunk_tokens", "max_prompt_tokens", "batch_size", "viewer_memory_cap")
+
+    def _check_numbers(self) -> None:
+        """Every number is checked before any model loads; the error names the setting."""
+        for name in self._POSITIVE:
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if isinstance(self.viewer_tasks, bool) or not isinstance(self.viewer_tasks, int) or self.viewer_tasks < 0:
+            raise ValueError(f"viewer_tasks must be a non-negative integer, got {self.viewer_tasks!r}")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be an integer in 0..2**32-1, got {self.seed!r}")
+        s = self.roam_min_similarity
+        if not isinstance(s, (int, float)) or not -1.0 <= s <= 1.0:  # NaN fails both comparisons
+            raise ValueError(f"roam_min_similarity must be a cosine in [-1, 1], got {s!r}")
 
 
 # ------------------------------------------------------------------------------ public task view

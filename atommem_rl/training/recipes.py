@@ -27,7 +27,9 @@ import dataclasses
 import difflib
 import enum
 import importlib
+import math
 import os
+import re
 import sys
 import types
 import typing
@@ -213,7 +215,67 @@ def parse_recipe_args(config_cls: type, argv: list[str] | None = None, apply_env
                               f"{msg.split(':', 1)[1].strip()}") from None
         where = f"{source} with overrides {argv}" if argv else source
         raise RecipeError(f"{where}: invalid {config_cls.__name__}: {msg}") from exc
+    check_values(config, f"{source} with overrides {argv}" if argv else source)
     return config
+
+
+# ------------------------------------------------------------------ values that parse but mean nothing
+# counts that must be at least 1 where set (0 examples per batch or 0 steps between saves cannot run)
+POSITIVE = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+            "num_generations", "max_completion_length", "max_prompt_length",
+            "max_length", "steps_per_generation", "synth_tasks", "synth_docs", "num_iterations")
+# counts and rates that must not be negative where set
+# above 0 where set (Trainer reads save_steps/logging_steps below 1 as a share of the run)
+ABOVE_ZERO = ("save_steps", "logging_steps", "eval_steps", "num_train_epochs")
+NON_NEGATIVE = ("learning_rate", "weight_decay", "warmup_steps", "warmup_ratio", "max_grad_norm",
+                "seed", "synth_seed", "synth_confounders", "save_total_limit", "temperature", "beta", "lora_r",
+                "lora_alpha", "lora_dropout", "adam_epsilon")
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_values(config: Any, source: str) -> None:
+    """Refuse, naming ``source`` and the key, values that parse but mean nothing: NaN or infinite
+    numbers, negative counts, ``max_steps`` other than a positive count or -1 (-3 silently meant "train
+    num_train_epochs"), a ``run_name`` that leaves ``checkpoints/`` (``../../x``), and ``env_config``
+    keys or values ``envs.core.EnvConfig`` does not take (they failed with a TypeError after the model
+    had loaded)."""
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name, None)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise RecipeError(f"{source}: key {f.name!r} must be a finite number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if f.name in POSITIVE and v < 1:
+            raise RecipeError(f"{source}: key {f.name!r} must be at least 1, got {v!r}")
+        if f.name in ABOVE_ZERO and v <= 0:
+            raise RecipeError(f"{source}: key {f.name!r} must be above 0, got {v!r}")
+        if f.name in NON_NEGATIVE and v < 0:
+            raise RecipeError(f"{source}: key {f.name!r} must not be negative, got {v!r}")
+    steps = getattr(config, "max_steps", -1)
+    if steps != -1 and steps < 1:
+        raise RecipeError(f"{source}: key 'max_steps' must be a positive number of steps, or -1 to train "
+                          f"num_train_epochs, got {steps!r}")
+    name = getattr(config, "run_name", None)
+    if name is not None and not _RUN_NAME.fullmatch(str(name)):
+        raise RecipeError(f"{source}: key 'run_name' must be a plain folder name ([A-Za-z0-9._-], no '/' or "
+                          f"leading '.'), got {name!r}: outputs go to checkpoints/<run_name>")
+    if getattr(config, "env_config", None):
+        check_env_config(config.env_config, source)
+
+
+def check_env_config(env: dict, source: str) -> None:
+    """``env_config`` checked like a recipe against envs.core.EnvConfig (unknown key with a close match,
+    wrong type), then by EnvConfig itself (ranges), before any model is loaded."""
+    from envs.core import EnvConfig
+
+    where = f"{source}: env_config"
+    values = check_recipe(EnvConfig, {k: v for k, v in env.items() if k != "disable"}, where)
+    if "disable" in env:
+        values["disable"] = env["disable"]
+    try:
+        EnvConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise RecipeError(f"{where}: {exc}") from None
 
 
 def load_recipe(config_cls: type, path: str | os.PathLike, overrides: list[str] = ()):
