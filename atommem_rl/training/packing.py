@@ -1,0 +1,264 @@
+"""Prefix-shared packing of step samples for the policy update, and its per-token log-probabilities.
+
+Why. Every step sample of a step-wise episode repeats the system prompt (rules, tool schemas), and the
+G episodes of a task read the same chunk at step t, so forwarding samples one row each (padded to the
+widest) pays for the same prefix many times. Here the samples of a micro-batch are folded into one
+prefix trie with TRL's ``TreeRow`` (``trl.experimental.async_grpo.packing``), so a shared token is
+forwarded (and back-propagated) once.
+
+Algorithm.
+
+1. :func:`tree_samples`: each step sample (prompt ids, completion ids, sampling log-probabilities,
+   advantage) becomes TRL's sample dict (``input_ids`` = prompt + completion, ``completion_mask``,
+   ``old_log_probs``, ``advantage``, ``group_id``) plus its ``index`` in the batch. The group is what a
+   sample shares its prefix with: :func:`step_group_ids` gives (task, step), the G episodes of a task at
+   step t (same system prompt, same chunk).
+2. :func:`plan_microbatches`: a greedy planner over ``TreeRow``s under a token budget
+   (``max_tokens_per_microbatch``) that bounds each micro-batch's *unique* tokens (and its trained ones,
+   TRL's rule): samples are taken group by group; a sample goes to a row that already holds its group
+   when it fits there, else to the first row it fits in, else to a new row. A sample longer than the
+   budget gets a row of its own (never dropped: it is training data). :func:`pad_microbatches` appends
+   empty micro-batches so that every rank runs the same number (their collectives stay paired).
+3. :func:`microbatch_inputs`: ``TreeRow.pack`` lays the trie out (DFS pre-order, position ids = depth,
+   per-segment key/value paths, ``shift_labels``, one loss term per trained token with ``token_index``);
+   an empty micro-batch becomes a two-token phantom row with one loss term of weight 0, so it still runs
+   a forward/backward through every parameter (DDP) and adds exactly zero.
+4. :func:`packed_logprobs`: one forward of the backbone over the packed row with tree attention
+   (``tree_attention``: TRL's FA3 kernel on CUDA when it loads, SDPA per segment elsewhere), then the LM
+   head only at the positions whose next token is trained (TRL's ``ChunkedLogProbFunction`` on the
+   compacted hidden states: TRL's own fused head scores every position off Triton devices), and the
+   log-probability of each loss term gathered from its position. ``score="all"`` scores every position,
+   TRL's behaviour on CPU, for comparison.
+5. :func:`token_weights` and :func:`grpo_loss`: the clipped GRPO objective over the loss terms, each term
+   weighted by its sample's weight: ``"token"`` 1 / (trained tokens of the whole batch, all ranks), TRL's
+   ``loss_type="dapo"``; ``"episode"`` 1 / (episodes x trained tokens of its episode), so every episode
+   weighs the same whatever its number of steps.
+
+Wiring (step-wise trainer): in ``_generate_and_score_completions`` build ``tree_samples`` from
+``step_samples`` and ``step_group_ids``, ``plan_microbatches`` with the budget, gather the count of
+micro-batches and ``pad_microbatches`` to the largest; in ``compute_loss`` (or a training step over the
+micro-batches) ``packed_logprobs`` + ``grpo_loss`` with ``token_weights`` from the global counts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from trl.experimental.async_grpo.packing import TreeRow
+from trl.kernels import ChunkedLogProbFunction
+
+from .tree_attention import TREE_KWARGS, attention_implementation, tree_attention_name
+
+# TRL's vocabulary tile for the chunked log-probabilities (trl.trainer.utils)
+VOCAB_CHUNK = 32768
+
+
+# --------------------------------------------------------------------------- samples and groups
+
+
+def step_group_ids(episodes: Sequence[Sequence[Any]], group_size: int) -> list[tuple[int, int]]:
+    """(task, step) of every step sample, in :func:`grpo.step_samples` order: episodes are laid out as
+    consecutive groups of ``group_size`` copies of one task, and at step t they read the same chunk."""
+    return [(e // group_size, t) for e, steps in enumerate(episodes) for t in range(len(steps))]
+
+
+def tree_samples(samples: Sequence[tuple], group_ids: Sequence[Any]) -> list[dict[str, Any]]:
+    """TRL ``TreeRow`` sample dicts from (prompt ids, completion ids, logps or None, advantage or None).
+
+    An advantage of None (a padding copy, as the trainer makes) trains nothing: its completion mask is 0."""
+    out = []
+    for i, ((prompt, completion, logps, adv), group) in enumerate(zip(samples, group_ids, strict=True)):
+        ids = list(prompt) + list(completion)
+        trained = adv is not None and len(completion) > 0
+        mask = [0] * len(prompt) + [int(trained)] * len(completion)
+        old = [0.0] * len(prompt) + (list(logps) if logps else [0.0] * len(completion))
+        out.append({"input_ids": torch.tensor(ids, dtype=torch.long), "completion_mask": torch.tensor(mask),
+                    "old_log_probs": torch.tensor(old, dtype=torch.float32),
+                    "advantage": float(adv or 0.0), "group_id": group, "index": i})
+    return out
+
+
+# --------------------------------------------------------------------------- planning
+
+
+def plan_microbatches(samples: Sequence[dict[str, Any]], max_tokens_per_microbatch: int) -> list[TreeRow]:
+    """Pack ``samples`` into ``TreeRow``s of at most ``max_tokens_per_microbatch`` unique tokens each."""
+    if max_tokens_per_microbatch < 2:
+        raise ValueError(f"max_tokens_per_microbatch must be at least 2, got {max_tokens_per_microbatch}")
+    order: dict[Any, list[dict[str, Any]]] = {}
+    for s in samples:  # group by group, groups in first-seen order: a group's prefix is built once
+        order.setdefault(s["group_id"], []).append(s)
+    rows: list[TreeRow] = []
+    for group in order.values():
+        for s in group:
+            if len(s["input_ids"]) > max_tokens_per_microbatch:
+                warnings.warn(f"a step sample of {len(s['input_ids'])} tokens exceeds max_tokens_per_microbatch="
+                              f"{max_tokens_per_microbatch}: it gets a micro-batch of its own", stacklevel=2)
+                rows.append(TreeRow())
+                rows[-1].add(s)
+                continue
+            fitting = [r for r in rows if r.fits(s, max_tokens_per_microbatch)]
+            home = [r for r in fitting if s["group_id"] in r.groups]
+            row = (home or fitting or [None])[0]
+            if row is None:
+                row = TreeRow()
+                rows.append(row)
+            row.add(s)
+    return rows
+
+
+def unique_tokens(row: TreeRow) -> int:
+    """Tokens the row forwards (its trie's nodes)."""
+    return len(row.tokens)
+
+
+def pad_microbatches(rows: list[TreeRow], count: int) -> list[TreeRow]:
+    """``rows`` followed by empty micro-batches up to ``count`` (the largest count over the ranks), so every
+    rank runs the same number of forwards/backwards."""
+    if count < len(rows):
+        raise ValueError(f"cannot pad {len(rows)} micro-batches to {count}")
+    return list(rows) + [TreeRow() for _ in range(count - len(rows))]
+
+
+# --------------------------------------------------------------------------- model inputs
+
+
+def _phantom(pad_token_id: int) -> dict[str, Any]:
+    return {"input_ids": torch.tensor([pad_token_id, pad_token_id]), "completion_mask": torch.tensor([0, 1]),
+            "old_log_probs": torch.zeros(2), "advantage": 0.0, "group_id": None, "index": -1}
+
+
+def microbatch_inputs(row: TreeRow, pad_token_id: int, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """``TreeRow.pack`` of the row as tensors on ``device``, plus ``sample_index`` (M: the batch index of
+    each loss term's sample, -1 for the phantom term of an empty micro-batch) and ``forwarded_tokens``."""
+    if not row.samples:
+        row = TreeRow()
+        row.add(_phantom(pad_token_id))
+    packed = row.pack()
+    index = torch.tensor([s["index"] for s in row.samples], dtype=torch.long)
+    out: dict[str, Any] = {k: v.to(device) for k, v in packed.items()}
+    out["sample_index"] = index[packed["segment_id"]].to(device)
+    out["forwarded_tokens"] = int(packed["input_ids"].numel())
+    return out
+
+
+def tree_kwargs(inputs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments tree attention reads (TRL's names), from :func:`microbatch_inputs`."""
+    max_q, max_k = inputs["tree_max_seqlens"].tolist()
+    kw = {k: inputs[k] for k in TREE_KWARGS[:3]}
+    kw["tree_max_seqlen_q"], kw["tree_max_seqlen_k"] = int(max_q), int(max_k)
+    return kw
+
+
+# --------------------------------------------------------------------------- log-probabilities
+
+
+def _causal_lm_parts(model):
+    """(backbone, LM head, final logit soft-capping) of a causal LM, under a PEFT wrapper too."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    text_config = inner.config.get_text_config()
+    return inner.base_model, inner.get_output_embeddings(), getattr(text_config, "final_logit_softcapping", None)
+
+
+def packed_logprobs(model, inputs: dict[str, Any], *, temperature: float = 1.0, score: str = "trained",
+                    attn_implementation: str | None = None) -> torch.Tensor:
+    """Log-probability (M,) of every loss term of a packed micro-batch, from one forward over its row.
+
+    ``score="trained"``: the LM head runs only at the positions whose next token is trained (a position
+    shared by several samples is scored once and read by all of them); ``"all"``: at every position, as
+    TRL's fused head does off Triton devices."""
+    if score not in ("trained", "all"):
+        raise ValueError(f"score must be 'trained' or 'all', got {score!r}")
+    backbone, head, softcap = _causal_lm_parts(model)
+    name = attn_implementation or tree_attention_name(inputs["input_ids"].device)
+    with attention_implementation(model, name):
+        hidden = backbone(input_ids=inputs["input_ids"][None], position_ids=inputs["position_ids"][None],
+                          use_cache=False, **tree_kwargs(inputs)).last_hidden_state[0]
+    labels = inputs["shift_labels"].to(head.weight.device)
+    hidden = hidden.to(head.weight.device)
+    scored = labels != -100
+    if score == "trained":
+        # loss term -> its position's rank among the scored positions
+        rank = torch.cumsum(scored, 0) - 1
+        lp = ChunkedLogProbFunction.apply(hidden[scored], head.weight, head.bias, labels[scored], temperature,
+                                          VOCAB_CHUNK, softcap, 1.0, ("log_probs",))[0]
+        return lp[rank[inputs["token_index"]]]
+    lp = ChunkedLogProbFunction.apply(hidden, head.weight, head.bias, labels.clamp(min=0), temperature,
+                                      VOCAB_CHUNK, softcap, 1.0, ("log_probs",))[0]
+    return lp[inputs["token_index"]]
+
+
+def per_sample_logprobs(logps: torch.Tensor, inputs: dict[str, Any], n_samples: int) -> list[list[float]]:
+    """Loss-term log-probabilities regrouped per batch sample (completion order), e.g. to compare paths."""
+    out: list[list[float]] = [[] for _ in range(n_samples)]
+    for i, v in zip(inputs["sample_index"].tolist(), logps.tolist(), strict=True):
+        if i >= 0:
+            out[i].append(v)
+    return out
+
+
+# --------------------------------------------------------------------------- loss
+
+
+def token_weights(episode_of_sample: Sequence[int], trained_tokens: Sequence[int], mode: str = "token", *,
+                  total_tokens: int | None = None, total_episodes: int | None = None) -> list[float]:
+    """Loss weight of each trained token of each sample (one number per sample).
+
+    ``"token"``: 1 / total trained tokens (``total_tokens``: over all ranks; default this batch's), the
+    global token mean of TRL's ``loss_type="dapo"``: an episode weighs as many tokens as it produced.
+    ``"episode"``: 1 / (episodes x trained tokens of the sample's episode) (``total_episodes``: episodes
+    with trained tokens over all ranks; default this batch's), so every episode adds up to the same
+    weight, whatever its number of steps. An episode lives on one rank, so its token count is local."""
+    if mode not in ("token", "episode"):
+        raise ValueError(f"mode must be 'token' or 'episode', got {mode!r}")
+    if len(episode_of_sample) != len(trained_tokens):
+        raise ValueError("episode_of_sample and trained_tokens differ in length")
+    if mode == "token":
+        total = total_tokens if total_tokens is not None else sum(trained_tokens)
+        return [1.0 / max(total, 1)] * len(trained_tokens)
+    per_episode: dict[int, int] = {}
+    for e, n in zip(episode_of_sample, trained_tokens, strict=True):
+        per_episode[e] = per_episode.get(e, 0) + n
+    episodes = total_episodes if total_episodes is not None else sum(1 for n in per_episode.values() if n)
+    return [1.0 / (max(episodes, 1) * per_episode[e]) if per_episode[e] else 0.0 for e in episode_of_sample]
+
+
+def grpo_loss(logps: torch.Tensor, inputs: dict[str, Any], sample_weights: torch.Tensor, *,
+              epsilon_low: float = 0.2, epsilon_high: float = 0.28, old_logps: torch.Tensor | None = None
+              ) -> torch.Tensor:
+    """Clipped GRPO objective summed over the loss terms, each weighted by its sample's weight
+    (``sample_weights``, indexed by batch sample). ``old_logps`` default: ``logps`` detached (one
+    iteration per generation, as TRL); the phantom term of an empty micro-batch has weight 0."""
+    old = logps.detach() if old_logps is None else old_logps
+    idx = inputs["sample_index"]
+    w = torch.where(idx >= 0, sample_weights.to(logps.device)[idx.clamp(min=0)], torch.zeros_like(logps))
+    adv = inputs["advantages"].to(logps.dtype)
+    ratio = torch.exp(logps - old)
+    per_term = -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * adv)
+    return (per_term * w).sum()
+
+
+# --------------------------------------------------------------------------- dtype
+
+
+def cpu_bf16_supported() -> bool:
+    """Whether this CPU runs bf16 matrix multiplies natively (AVX512-BF16 or AMX). oneDNN's own flag is
+    the fallback on a torch without these probes; it is also true on AVX512 cores that only emulate bf16."""
+    probes = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if any(p is not None for p in probes):
+        return any(p() for p in probes if p is not None)
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def autocast_dtype(device: torch.device | str = "cpu") -> torch.dtype:
+    """bf16 where the device has it (CUDA with bf16, a CPU with native bf16), else fp32."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_bf16_supported() else torch.float32
