@@ -1,4 +1,4 @@
-"""``atommem bench memory|retrieval|env|rollout|extractor``: measured figures as JSON on stdout.
+"""``atommem bench memory|retrieval|env|rollout|extractor|update``: measured figures as JSON on stdout.
 
 Each benchmark lives in ``atommem_rl/bench/<name>.py`` with ``add_arguments(parser)`` and
 ``main(args)``; the module is imported only when its benchmark runs.
@@ -15,6 +15,7 @@ BENCHMARKS = {
     "env": "environment overhead per step (parsing, memory ops, prompt assembly)",
     "rollout": "rollout throughput: Hugging Face generate against vLLM",
     "extractor": "fact-level precision/recall of an atomic fact extractor on held-out synthetic dialogues",
+    "update": "GRPO policy update on real step samples: padded rows against prefix-shared packed rows",
 }
 
 

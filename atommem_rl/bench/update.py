@@ -1,0 +1,314 @@
+"""``atommem bench update``: the GRPO policy update on real step samples, padded rows against packed rows.
+
+Method. One training batch as the learning-signal run makes it: ``--episodes`` episodes (one GRPO group)
+of one synthetic task (``--docs`` documents, one question, no confounders; the learning-signal
+environment: chunks of ``--chunk-tokens``, update/delete/relations disabled, F1 reward) rolled out with
+Hugging Face ``generate`` sampling at ``--temperature`` (at most ``--max-new-tokens`` per step) from the
+policy (``--model``, default SmolLM2-135M-Instruct; ``--tiny``: a random-weight tiny Llama, for CI).
+Every step becomes a sample (prompt ids, completion ids) with its episode's group-relative advantage
+(Dr. GRPO); when all returns are equal (a tiny or untrained policy) the advantages are a fixed +-1
+pattern instead (``advantages: "synthetic"``), since the update's cost does not depend on their values
+and exactness needs them non-zero.
+
+The update (forward + backward of the clipped GRPO loss, token-mean normalisation as TRL's
+``loss_type="dapo"``, no optimizer step) is timed in one process, every variant in turn, ``--repeats``
+rounds, medians reported:
+
+* ``baseline``: today's path, TRL's: prompts padded left, completions right, ``--baseline-rows`` rows per
+  forward (0: all, as the step-wise trainer's one micro-batch), TRL's fused LM head
+  (``add_fused_lm_head``; off Triton devices it scores every position), fp32;
+* ``packed_all``: prefix-shared packing (``training/packing.py``, ``--max-tokens`` unique tokens per
+  micro-batch) with tree attention, every position scored, fp32 (the packing lever);
+* ``packed``: the same, only trained positions scored, fp32 (the scoring lever);
+* ``packed_bf16``: the same under bf16 autocast, where the CPU has native bf16 (the bf16 lever).
+
+Exactness comes from an fp32 comparison of ``baseline`` and ``packed``: the largest difference of a
+completion token's log-probability and the cosine of the two gradients. Printed (``--json``)::
+
+    {"samples", "raw_tokens", "forwarded_tokens", "packing_ratio", "baseline_s", "packed_s", "speedup",
+     "max_logprob_diff", "grad_cosine", "dtype", ...}
+
+with ``packed_s`` the fastest packed variant's median, ``dtype`` its dtype, and every variant's median
+and runs under ``variants``.
+
+    atommem bench update --json                       # SmolLM2-135M, 8 episodes, 5 rounds
+    atommem bench update --tiny --repeats 2 --json    # seconds: a random-weight tiny model
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+LEARNING_SIGNAL_ENV = {"chunk_tokens": 256, "max_prompt_tokens": 2048, "embedder": "hashing", "max_answer_steps": 1,
+                       "disable": "update,delete,relations", "reward": "f1"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="policy folder (default: SmolLM2-135M-Instruct base)")
+    parser.add_argument("--tiny", action="store_true", help="a random-weight tiny Llama instead (CI)")
+    parser.add_argument("--episodes", type=int, default=8, help="episodes of the one task, a GRPO group (default 8)")
+    parser.add_argument("--docs", type=int, default=3, help="documents of the task (default 3)")
+    parser.add_argument("--chunk-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=224, help="tokens per step at most (default 224)")
+    parser.add_argument("--temperature", type=float, default=0.8, help="rollout sampling temperature (default 0.8)")
+    parser.add_argument("--max-tokens", type=int, default=8192,
+                        help="packed: unique tokens per micro-batch at most (max_tokens_per_microbatch; default 8192)")
+    parser.add_argument("--baseline-rows", type=int, default=0, help="baseline: rows per forward (default 0: all)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds of every variant (default 5)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated from baseline,packed_all,packed,packed_bf16 (default: all; "
+                             "packed_bf16 only where the CPU has native bf16)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+
+
+# --------------------------------------------------------------------------- step samples
+
+
+class _SampledSteps:
+    """Sampling policy that records each step's exact prompt and completion token ids per episode."""
+
+    name = "sampled"
+
+    def __init__(self, model, tok, max_new_tokens: int, temperature: float):
+        self.model, self.tok = model, tok
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.steps: dict[int, list[tuple[list[int], list[int], None]]] = {}
+
+    def start(self, key, task):
+        self.steps[key] = []
+
+    def end(self, key):
+        pass
+
+    def act(self, batch):
+        import torch
+
+        ids = [self.tok.encode(self.tok.apply_chat_template(obs, tokenize=False, add_generation_prompt=True),
+                               add_special_tokens=False) for _, obs, _ in batch]
+        pad, width = self.tok.pad_token_id, max(len(x) for x in ids)
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+        attention = (torch.arange(width)[None] >= torch.tensor([width - len(x) for x in ids])[:, None]).long()
+        with torch.no_grad():
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True,
+                                      temperature=self.temperature, max_new_tokens=self.max_new_tokens,
+                                      pad_token_id=pad)
+        eos = self.model.generation_config.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [eos if eos is not None else self.tok.eos_token_id])
+        texts = []
+        for (key, _, _), prompt, row in zip(batch, ids, out[:, width:].tolist(), strict=True):
+            end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
+            self.steps[key].append((prompt, row[:end], None))
+            texts.append(self.tok.decode(row[:end], skip_special_tokens=True))
+        return texts
+
+
+def rollout_samples(model, tok, args) -> tuple[list[tuple], list[list[tuple]], str, list[float]]:
+    """(step samples, episodes, advantage source, returns) of one GRPO group of one synthetic task."""
+    import torch
+
+    from atommem_rl.rollout import run_rollouts
+    from atommem_rl.tasks.synth import generate_tasks
+    from atommem_rl.training.grpo import group_advantages, step_samples
+
+    (task,) = generate_tasks(1, seed=args.seed, docs=args.docs, questions=1, confounders=0)
+    policy = _SampledSteps(model, tok, args.max_new_tokens, args.temperature)
+    torch.manual_seed(args.seed)
+    env = {**LEARNING_SIGNAL_ENV, "chunk_tokens": args.chunk_tokens, "tokenizer": tok}
+    recs = run_rollouts([task] * args.episodes, policy, env, batch_size=args.episodes, seed=args.seed,
+                        record_prompts=False)
+    recs = sorted(recs, key=lambda r: r["key"])  # episode k is task copy k, as in the trainer
+    episodes = [policy.steps[k][: len(r["steps"])] for k, r in enumerate(recs)]
+    returns = [float(r.get("return", 0.0)) for r in recs]
+    adv = group_advantages(torch.tensor(returns), args.episodes).tolist()
+    source = "returns"
+    if not any(adv):
+        adv, source = [1.0 if e % 2 == 0 else -1.0 for e in range(args.episodes)], "synthetic"
+    return step_samples(episodes, adv), episodes, source, returns
+
+
+# --------------------------------------------------------------------------- the two paths
+
+
+def baseline_update(model, samples, pad_id: int, rows: int = 0, autocast=None) -> tuple[list, float]:
+    """Today's path: padded rows, TRL's fused head (``add_fused_lm_head`` already applied), dapo loss,
+    backward. Returns (per-sample completion log-probabilities, loss)."""
+    import torch
+    from trl.trainer.utils import pad
+
+    total = sum(len(s[1]) for s in samples if s[3] is not None)
+    rows = rows or len(samples)
+    logps, loss_sum = [], 0.0
+    for start in range(0, len(samples), rows):
+        part = samples[start:start + rows]
+        prompt = pad([torch.tensor(s[0]) for s in part], padding_value=pad_id, padding_side="left")
+        prompt_mask = pad([torch.ones(len(s[0]), dtype=torch.long) for s in part], padding_value=0, padding_side="left")
+        completion = pad([torch.tensor(s[1]) for s in part], padding_value=pad_id, padding_side="right")
+        completion_mask = pad([torch.ones(len(s[1]), dtype=torch.long) for s in part], padding_value=0,
+                              padding_side="right")
+        input_ids = torch.cat([prompt, completion], 1)
+        attention = torch.cat([prompt_mask, completion_mask], 1)
+        keep = completion.size(1)
+        labels = input_ids.masked_fill(attention == 0, -100)
+        labels[:, :-keep] = -100
+        with autocast or contextlib.nullcontext():
+            lp = model(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True).log_probs
+        lp = lp[:, -keep:]
+        adv = torch.tensor([s[3] or 0.0 for s in part])[:, None]
+        ratio = torch.exp(lp - lp.detach())
+        per_token = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.28) * adv)
+        loss = (per_token * completion_mask).sum() / max(total, 1)
+        loss.backward()
+        loss_sum += loss.item()
+        logps += [row[: len(s[1])].tolist() for row, s in zip(lp.detach(), part, strict=True)]
+    return logps, loss_sum
+
+
+def packed_update(model, samples, groups, budget: int, pad_id: int, score: str = "trained", autocast=None,
+                  attn: str | None = None) -> tuple[list, float, int]:
+    """The packed path: plan, pack, one tree-attention forward per micro-batch, dapo loss, backward.
+    Returns (per-sample completion log-probabilities, loss, forwarded tokens)."""
+    import torch
+
+    from atommem_rl.training.packing import (grpo_loss, microbatch_inputs, packed_logprobs, per_sample_logprobs,
+                                             plan_microbatches, token_weights, tree_samples)
+
+    trees = tree_samples(samples, groups)
+    weights = torch.tensor(token_weights(list(range(len(samples))),
+                                         [int(t["completion_mask"].sum()) for t in trees], "token"))
+    got: list[list[float]] = [[] for _ in samples]
+    loss_sum, forwarded = 0.0, 0
+    for row in plan_microbatches(trees, budget):
+        inputs = microbatch_inputs(row, pad_id)
+        forwarded += inputs["forwarded_tokens"]
+        with autocast or contextlib.nullcontext():
+            lp = packed_logprobs(model, inputs, score=score, attn_implementation=attn)
+        loss = grpo_loss(lp.float(), inputs, weights, epsilon_low=0.2, epsilon_high=0.28)
+        loss.backward()
+        loss_sum += loss.item()
+        for i, v in enumerate(per_sample_logprobs(lp.detach().float(), inputs, len(samples))):
+            got[i] += v
+    return got, loss_sum, forwarded
+
+
+def _grads(model):
+    import torch
+
+    g = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad(set_to_none=True)
+    return g
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _variants(spec: str | None, bf16: bool) -> list[str]:
+    known = ["baseline", "packed_all", "packed", "packed_bf16"]
+    names = [v.strip() for v in spec.split(",") if v.strip()] if spec else known[:3] + (["packed_bf16"] if bf16 else [])
+    bad = [v for v in names if v not in known]
+    if bad or "baseline" not in names or len(names) < 2:
+        raise ValueError(f"--variants takes baseline and at least one of packed_all,packed,packed_bf16, got {spec!r}")
+    return names
+
+
+def main(args) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.trainer.utils import add_fused_lm_head
+
+    from atommem_rl.models import check_checkpoint, tiny_model
+    from atommem_rl.training.packing import cpu_bf16_supported, step_group_ids
+    from atommem_rl.training.tree_attention import tree_attention_name
+
+    if min(args.episodes, args.repeats, args.max_new_tokens, args.docs) < 1 or args.baseline_rows < 0:
+        raise ValueError("--episodes, --repeats, --max-new-tokens and --docs must be at least 1")
+    if args.max_tokens < 2:
+        raise ValueError("--max-tokens must be at least 2")
+    bf16 = cpu_bf16_supported()
+    variants = _variants(args.variants, bf16)
+    if "packed_bf16" in variants and not bf16:
+        raise ValueError("--variants packed_bf16: this CPU has no native bf16")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.tiny:
+            path = str(tiny_model(os.path.join(tmp, "tiny"), hidden_size=32, layers=2, heads=2, kv_heads=1,
+                                  intermediate_size=64, seed=args.seed))
+        else:
+            from atommem_rl.policies.model import default_model_path
+
+            path = os.path.abspath(args.model) if args.model else default_model_path()
+            check_checkpoint(path)
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model.eval()  # dropout off (none in these models), so both paths compute the same function
+
+    t0 = time.perf_counter()
+    samples, episodes, adv_source, returns = rollout_samples(model, tok, args)
+    rollout_s = time.perf_counter() - t0
+    groups = step_group_ids(episodes, args.episodes)
+    add_fused_lm_head(model, outputs=("log_probs",))
+    attn = tree_attention_name("cpu")
+    pad_id = tok.pad_token_id
+    bf16_ctx = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+
+    def run(variant: str):
+        if variant == "baseline":
+            return baseline_update(model, samples, pad_id, args.baseline_rows)
+        score = "all" if variant == "packed_all" else "trained"
+        return packed_update(model, samples, groups, args.max_tokens, pad_id, score=score, attn=attn,
+                             autocast=bf16_ctx() if variant == "packed_bf16" else None)
+
+    # exactness in fp32 (also the warm-up of both paths)
+    base_lp, _ = run("baseline")
+    g_base = _grads(model)
+    packed_lp, _, forwarded = run("packed")
+    g_packed = _grads(model)
+    max_diff = max((abs(a - b) for x, y in zip(base_lp, packed_lp, strict=True) for a, b in zip(x, y, strict=True)),
+                   default=0.0)
+    cosine = torch.nn.functional.cosine_similarity(g_base, g_packed, dim=0).item()
+
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    for r in range(args.repeats):
+        for v in variants:  # alternating: each round runs every variant once, in turn
+            t = time.perf_counter()
+            run(v)
+            times[v].append(time.perf_counter() - t)
+            model.zero_grad(set_to_none=True)
+        print(f"bench update: round {r + 1}/{args.repeats}: "
+              + ", ".join(f"{v} {times[v][-1]:.2f} s" for v in variants), file=sys.stderr, flush=True)
+    med = {v: statistics.median(ts) for v, ts in times.items()}
+    best = min((v for v in variants if v != "baseline"), key=med.get)
+    raw = sum(len(s[0]) + len(s[1]) for s in samples)
+    width = max(len(s[0]) for s in samples) + max(len(s[1]) for s in samples)
+    out = {
+        "samples": len(samples), "raw_tokens": raw, "forwarded_tokens": forwarded,
+        "packing_ratio": round(raw / forwarded, 3), "baseline_s": round(med["baseline"], 3),
+        "packed_s": round(med[best], 3), "speedup": round(med["baseline"] / med[best], 2),
+        "max_logprob_diff": max_diff, "grad_cosine": cosine,
+        "dtype": "bfloat16" if best == "packed_bf16" else "float32",
+        "packed_variant": best, "padded_tokens": width * len(samples) if not args.baseline_rows else None,
+        "completion_tokens": sum(len(s[1]) for s in samples), "episodes": args.episodes,
+        "episode_steps": [len(e) for e in episodes], "returns": returns, "advantages": adv_source,
+        "max_tokens_per_microbatch": args.max_tokens, "attention": attn, "cpu_bf16": bf16,
+        "model": "tiny" if args.tiny else path, "repeats": args.repeats, "rollout_s": round(rollout_s, 1),
+        "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+        "variants": {v: {"median_s": round(med[v], 3), "speedup": round(med["baseline"] / med[v], 2),
+                         "runs_s": [round(t, 3) for t in times[v]]} for v in variants},
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{len(samples)} step samples, {raw} raw tokens, {forwarded} forwarded (packing ratio "
+              f"{out['packing_ratio']}); baseline {out['baseline_s']} s, packed ({best}) {out['packed_s']} s: "
+              f"{out['speedup']}x; fp32 max log-prob diff {max_diff:.2e}, gradient cosine {cosine:.6f}")
+        for v in variants:
+            print(f"  {v}: median {med[v]:.3f} s ({out['variants'][v]['speedup']}x)")
+    return 0
