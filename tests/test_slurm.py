@@ -7,6 +7,7 @@ under the run folder.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -86,6 +87,197 @@ def test_sft_and_eval_print_only(tmp_path):
     (smoke,) = dry_run("sft.sbatch", ATOMMEM_SMOKE="1", SLURM_JOB_ID="11")
     assert smoke[1:4] == ["-m", "atommem_rl.cli", "sft"] and flag(smoke, "--config") == "recipes/quickstart/sft.yaml"
     assert flag(smoke, "--use_cpu") == "true" and flag(smoke, "--max_steps") == "2"
+
+
+# ------------------------------------------------------------------ every printed command parses (issue 17)
+QWEN_GRPO, QWEN_PPO = "recipes/qwen3_8b/grpo.yaml", "recipes/qwen3_8b/ppo.yaml"
+# overrides with a JSON value (spaces, quotes, braces): they must survive srun's `bash -c` word for word
+OVERRIDES = ["--learning_rate", "2e-6", "--max_completion_length", "1024",
+             "--env_config", '{"chunk_tokens": 4096, "max_prompt_tokens": 12288, "embedder": "minilm"}']
+
+
+def dry_run_out(script: str, *args: str, **env: str) -> str:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    full_env.pop("ATOMMEM_STAGE", None)
+    full_env.update({"ATOMMEM_DRY_RUN": "1", "ATOMMEM_REPO": str(REPO), **env})
+    out = subprocess.run(["bash", str(REPO / "slurm" / script), *args], cwd=REPO, env=full_env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def commands(stdout: str) -> list[list[str]]:
+    return [shlex.split(line[2:]) for line in stdout.splitlines() if line.startswith("+ ")]
+
+
+def config_class_for(stage: str) -> type:
+    if stage == "ppo":
+        from atommem_rl.training.ppo import PPORecipeConfig
+        return PPORecipeConfig
+    if stage == "grpo":
+        from atommem_rl.training.grpo import GRPORecipeConfig
+        return GRPORecipeConfig
+    from atommem_rl.training.sft import SFTRecipeConfig
+    return SFTRecipeConfig
+
+
+def parse_training(words: list[str]) -> tuple[str, object]:
+    """(subcommand, parsed config) of a printed ``... -m atommem_rl.cli STAGE ARGS``: ARGS through the
+    project's own recipe parser with the stage's config class. Parsing reads the recipe YAML only (the model
+    and the tasks file need not exist); ``--use_cpu true`` is appended because TrainingArguments refuses bf16
+    on a machine without a GPU, which is a property of this machine, not of the command."""
+    from atommem_rl.training.recipes import parse_recipe_args
+
+    i = words.index("-m")
+    assert words[i + 1] == "atommem_rl.cli", words
+    stage, argv = words[i + 2], words[i + 3:]
+    return stage, parse_recipe_args(config_class_for(stage), [*argv, "--use_cpu", "true"], apply_env=False)
+
+
+def no_empty_words(cmds: list[list[str]]) -> None:
+    for c in cmds:
+        assert "" not in c, c
+        if c[:1] == ["srun"] and "-c" in c:
+            assert "" not in shlex.split(c[c.index("-c") + 1]), c
+
+
+def vllm_serve_words(cmd: list[str]) -> list[str]:
+    i = cmd.index("vllm")
+    assert cmd[i + 1] == "serve", cmd
+    return cmd[i:]
+
+
+@pytest.mark.parametrize("nodes", [1, 3])
+@pytest.mark.parametrize("with_overrides", [False, True], ids=["no-overrides", "overrides"])
+@pytest.mark.parametrize("recipe,stage", [(QWEN_GRPO, "grpo"), (QWEN_PPO, "ppo")], ids=["grpo", "ppo"])
+def test_grpo_sbatch_dry_run_commands_parse(recipe, stage, with_overrides, nodes):
+    """Defects 4 and 3(d): the printed training command has the recipe's stage as its subcommand and its
+    arguments parse with that stage's config class; no empty word; vLLM gets --max-model-len and TRL's
+    logprob flags; srun steps name --cpus-per-task; multi-node sets VLLM_HOST_IP."""
+    overrides = OVERRIDES if with_overrides else []
+    env = dict(SLURM_JOB_NUM_NODES=str(nodes), SLURM_JOB_ID="4243", SLURM_GPUS_ON_NODE="8", SLURM_CPUS_ON_NODE="96",
+               SLURM_JOB_NODELIST="gpu01" if nodes == 1 else "gpu[07-09]")
+    if nodes > 1:
+        env["SLURM_JOB_CPUS_PER_NODE"] = "96(x2),64"  # the smallest node bounds one task per node
+    out = dry_run_out("grpo.sbatch", recipe, *overrides, **env)
+    cmds = commands(out)
+    assert len(cmds) == 2, out
+    no_empty_words(cmds)
+    serve, train = cmds
+    assert re.search(rf"^stage: {stage} \(.+\)$", out, re.M), out  # which stage and why
+    if nodes > 1:
+        assert train[0] == "srun" and serve[0] == "srun"
+        for c in (serve, train):
+            assert "--cpus-per-task=64" in c[:c.index("bash") if "bash" in c else len(c)], c
+        assert "VLLM_HOST_IP=gpu07" in serve or any(w.startswith("VLLM_HOST_IP=") for w in serve), serve
+        inner = shlex.split(train[train.index("-c") + 1])
+        assert any(w.startswith("VLLM_HOST_IP=") for w in inner), inner
+    else:
+        inner = train
+    accel = "recipes/accelerate/fsdp2.yaml" if stage == "ppo" else "recipes/accelerate/zero3.yaml"
+    assert flag(inner, "--config_file") == accel
+    sub, config = parse_training(inner)
+    assert sub == stage
+    assert type(config).__name__ == ("PPORecipeConfig" if stage == "ppo" else "GRPORecipeConfig")
+    assert config.use_vllm and config.vllm_mode == "server"
+    assert config.vllm_server_host == ("gpu07" if nodes > 1 else "127.0.0.1")
+    if with_overrides:
+        assert config.learning_rate == 2e-6 and config.max_completion_length == 1024
+        assert config.env_config == {"chunk_tokens": 4096, "max_prompt_tokens": 12288, "embedder": "minilm"}
+    v = vllm_serve_words(serve)
+    assert v[2] == "checkpoints/qwen3_8b/sft"
+    # the env's max_prompt_tokens counts the rendered prompt with its generation prompt; plus one step's completion
+    assert flag(v, "--max-model-len") == ("13312" if with_overrides else "18432")
+    assert flag(v, "--logprobs-mode") == "processed_logprobs" and flag(v, "--max-logprobs") == "-1"
+    assert json.loads(flag(v, "--weight-transfer-config")) == {"backend": "nccl"}
+    assert flag(v, "--tensor-parallel-size") == ("8" if nodes > 1 else "2")
+    assert flag(v, "--port") == str(config.vllm_server_port)
+
+
+def test_vllm_max_model_length_wins(tmp_path):
+    """``vllm_max_model_length`` set in the recipe (or as an override) is what vLLM gets."""
+    out = dry_run_out("grpo.sbatch", QWEN_GRPO, "--vllm_max_model_length", "20000", SLURM_JOB_ID="5")
+    (serve, train) = commands(out)
+    assert flag(vllm_serve_words(serve), "--max-model-len") == "20000"
+    assert parse_training(train)[1].vllm_max_model_length == 20000
+
+
+def test_stage_rule_and_override(tmp_path):
+    """Defect 3(d): PPO is a recipe setting a field PPORecipeConfig has and GRPORecipeConfig lacks (computed from
+    the dataclasses); ATOMMEM_STAGE forces a stage; anything else is refused."""
+    import dataclasses
+
+    from atommem_rl.training import launch
+    from atommem_rl.training.grpo import GRPORecipeConfig
+    from atommem_rl.training.ppo import PPORecipeConfig
+
+    only = {f.name for f in dataclasses.fields(PPORecipeConfig)} - {f.name for f in dataclasses.fields(GRPORecipeConfig)}
+    assert launch.ppo_only_fields() == only and {"gamma", "lam", "critic_epochs"} <= only
+    assert "num_generations" not in only  # PPO re-declares it with another default: not PPO-only
+    plain = tmp_path / "ppo.yaml"  # named ppo but sets no PPO-only field: GRPO by the rule
+    plain.write_text("run_name: r\nmodel_name_or_path: m\nnum_generations: 2\n")
+    assert launch.stage(str(plain))[0] == "grpo"
+    assert launch.stage(str(plain), ["--critic_epochs", "2"])[0] == "ppo"  # an override counts too
+    assert launch.stage(str(plain), ["--gamma=0.99"])[0] == "ppo"
+    assert launch.stage(QWEN_PPO)[0] == "ppo" and launch.stage(QWEN_GRPO)[0] == "grpo"
+    out = dry_run_out("grpo.sbatch", str(plain), SLURM_JOB_ID="6", ATOMMEM_STAGE="ppo")
+    assert "stage: ppo (ATOMMEM_STAGE=ppo)" in out
+    assert parse_training(commands(out)[1])[0] == "ppo"
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    full_env.update(ATOMMEM_DRY_RUN="1", ATOMMEM_REPO=str(REPO), ATOMMEM_STAGE="dpo")
+    bad = subprocess.run(["bash", "slurm/grpo.sbatch", QWEN_GRPO], cwd=REPO, env=full_env, capture_output=True,
+                         text=True, timeout=300)
+    assert bad.returncode != 0 and "ATOMMEM_STAGE" in bad.stderr
+
+
+@pytest.mark.parametrize("with_overrides", [False, True], ids=["no-overrides", "overrides"])
+def test_sft_sbatch_dry_run_parses(with_overrides):
+    overrides = ["--num_train_epochs", "1", "--env_config", '{"chunk_tokens": 4096, "max_prompt_tokens": 8192}'] \
+        if with_overrides else []
+    cmds = commands(dry_run_out("sft.sbatch", "recipes/qwen3_8b/sft.yaml", *overrides, SLURM_JOB_ID="12",
+                                SLURM_GPUS_ON_NODE="8"))
+    no_empty_words(cmds)
+    (cmd,) = cmds
+    stage, config = parse_training(cmd)
+    assert stage == "sft" and type(config).__name__ == "SFTRecipeConfig"
+    assert config.num_train_epochs == (1 if with_overrides else 2)
+
+
+@pytest.mark.parametrize("with_overrides", [False, True], ids=["no-overrides", "overrides"])
+def test_eval_sbatch_dry_run_parses(tmp_path, with_overrides):
+    """eval.sbatch's vLLM path: the eval command parses with `atommem eval`'s own parser and names the
+    server it started (--base-url; the openai backend reads no environment variable), and the server's
+    window is the one eval assumes."""
+    from atommem_rl.cli import build_parser
+
+    extra = ["--limit", "5", "--context-tokens", "16384"] if with_overrides else []
+    cmds = commands(dry_run_out("eval.sbatch", "--tasks", "t.jsonl", "--methods", "ours,rag", "--model", "m",
+                                "--out", str(tmp_path / "ev"), *extra, SLURM_JOB_ID="13", SLURM_GPUS_ON_NODE="4"))
+    no_empty_words(cmds)
+    serve, ev = cmds
+    i = ev.index("-m")
+    assert ev[i + 1:i + 3] == ["atommem_rl.cli", "eval"]
+    args = build_parser().parse_args(ev[i + 2:])
+    assert args.backend == "openai" and args.base_url == f"http://127.0.0.1:{flag(serve, '--port')}/v1"
+    assert args.model == "m" and (args.limit == 5) == with_overrides
+    assert flag(serve, "--tensor-parallel-size") == "4"
+    assert flag(serve, "--max-model-len") == ("16384" if with_overrides else "8192")
+    # checkpoints are not served by that one server: refused before anything starts
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    full_env.update(ATOMMEM_DRY_RUN="1", ATOMMEM_REPO=str(REPO))
+    bad = subprocess.run(["bash", "slurm/eval.sbatch", "--tasks", "t.jsonl", "--model", "m", "--checkpoint", "c",
+                          "--out", str(tmp_path / "ev2")], cwd=REPO, env=full_env, capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode != 0 and "--checkpoint" in bad.stderr
+
+
+def test_smoke_dry_runs_parse():
+    """The CPU smoke branches print commands that parse too (no overrides)."""
+    for script, stage in (("grpo.sbatch", "grpo"), ("sft.sbatch", "sft")):
+        cmds = commands(dry_run_out(script, ATOMMEM_SMOKE="1", SLURM_JOB_ID="14",
+                                    ATOMMEM_SMOKE_MODEL="checkpoints/base/tiny-qwen3-smoke"))
+        no_empty_words(cmds)
+        assert parse_training(cmds[-1])[0] == stage
 
 
 def _slurm_up() -> bool:
