@@ -4,6 +4,7 @@
 #   ATOMMEM_SMOKE=1     CPU smoke mode: the quickstart recipe, a tiny random-weight model, 2 steps
 #   ATOMMEM_REPO        repository root (default: the submit directory, then the current directory)
 #   ATOMMEM_PYTHON      Python with atommem installed (default: $ATOMMEM_REPO/.venv/bin/python)
+#   ATOMMEM_CPUS_PER_TASK  CPUs each srun task asks for (default: the smallest node's CPUs in the allocation)
 
 set -euo pipefail
 
@@ -37,6 +38,39 @@ run() {
   for w in "$@"; do line+=" $(quote "$w")"; done
   echo "$line"
   [ "$DRY" = 1 ] || "$@"
+}
+
+# the words of "$@" as one string the shell reads back word for word (nothing at all for no words: never '')
+quote_all() {
+  local w out=""
+  for w in "$@"; do out+=" $(quote "$w")"; done
+  printf '%s' "$out"
+}
+
+# CPUs for an srun step of one task per node: srun (Slurm >= 22.05) no longer inherits the batch script's
+# --cpus-per-task, so a step given none gets 1 CPU per task and the 8 ranks plus data loaders of a node
+# share it. Default: the smallest node of the allocation (SLURM_JOB_CPUS_PER_NODE, e.g. "96(x2),64"), so the
+# request fits every node; else SLURM_CPUS_ON_NODE; else this machine's count.
+cpus_per_task() {
+  if [ -n "${ATOMMEM_CPUS_PER_TASK:-}" ]; then echo "$ATOMMEM_CPUS_PER_TASK"; return; fi
+  local spec=${SLURM_JOB_CPUS_PER_NODE:-} part n min=""
+  for part in ${spec//,/ }; do
+    n=${part%%(*}
+    [[ $n =~ ^[0-9]+$ ]] || continue
+    if [ -z "$min" ] || [ "$n" -lt "$min" ]; then min=$n; fi
+  done
+  echo "${min:-${SLURM_CPUS_ON_NODE:-$(nproc)}}"
+}
+
+# a node's IPv4 address as the other nodes reach it (for VLLM_HOST_IP); the name itself when it does not resolve
+host_addr() {
+  local ip
+  ip=$(getent ahostsv4 "$1" 2>/dev/null | awk 'NR == 1 {print $1}') || true
+  if [ -z "$ip" ]; then
+    echo "warning: cannot resolve $1 to an address; VLLM_HOST_IP=$1" >&2
+    ip=$1
+  fi
+  echo "$ip"
 }
 
 # the run folder (parent of output_dir, else checkpoints/<run_name>) from the recipe + overrides

@@ -54,9 +54,10 @@ def test_grpo_five_nodes_print_only(grpo_recipe):
     assert flag(serve, "--tensor-parallel-size") == "8" and flag(serve, "--port") == "8000"
     # the 4 other nodes train: one srun task per node, accelerate ranks from $SLURM_PROCID
     assert train[:5] == ["srun", "--nodes=4", "--ntasks=4", "--ntasks-per-node=1", "--nodelist=gpu08,gpu09,gpu10,gpu11"]
-    assert train[5:7] == ["bash", "-c"]
-    inner = shlex.split(train[7])
-    assert inner[:2] == ["accelerate", "launch"]
+    assert train[train.index("bash") + 1] == "-c"
+    inner = shlex.split(train[train.index("-c") + 1])
+    a = inner.index("accelerate")
+    assert inner[:a] == ["env", f"VLLM_HOST_IP={inner[0 + 1].split('=', 1)[1]}"] and inner[a + 1] == "launch"
     assert flag(inner, "--num_machines") == "4" and flag(inner, "--num_processes") == "32"
     assert flag(inner, "--machine_rank") == "$SLURM_PROCID"  # expanded by each task's own shell
     assert flag(inner, "--main_process_ip") == "gpu08"  # the first training node
@@ -83,7 +84,8 @@ def test_sft_and_eval_print_only(tmp_path):
     assert flag(cmd, "--config") == "recipes/qwen3_8b/sft.yaml" and cmd[-2:] == ["--num_train_epochs", "1"]
     serve, ev = dry_run("eval.sbatch", "--tasks", "t.jsonl", "--methods", "ours,rag", "--model", "m", "--out",
                         str(tmp_path / "ev"), SLURM_JOB_ID="10")
-    assert serve[:3] == ["vllm", "serve", "m"] and ev[-2:] == ["--backend", "openai"]
+    assert serve[:3] == ["vllm", "serve", "m"] and ev[-4:-2] == ["--backend", "openai"]
+    assert ev[-2:] == ["--base-url", "http://127.0.0.1:8000/v1"]
     (smoke,) = dry_run("sft.sbatch", ATOMMEM_SMOKE="1", SLURM_JOB_ID="11")
     assert smoke[1:4] == ["-m", "atommem_rl.cli", "sft"] and flag(smoke, "--config") == "recipes/quickstart/sft.yaml"
     assert flag(smoke, "--use_cpu") == "true" and flag(smoke, "--max_steps") == "2"
