@@ -253,6 +253,9 @@ def main(args) -> int:
     t0 = time.perf_counter()
     samples, episodes, adv_source, returns = rollout_samples(model, tok, args)
     rollout_s = time.perf_counter() - t0
+    print(f"bench update: {len(samples)} step samples in {rollout_s:.0f} s, prompts up to "
+          f"{max(len(s[0]) for s in samples)} tokens, {sum(len(s[0]) + len(s[1]) for s in samples)} raw tokens",
+          file=sys.stderr, flush=True)
     groups = step_group_ids(episodes, args.episodes)
     add_fused_lm_head(model, outputs=("log_probs",))
     attn = tree_attention_name("cpu")
