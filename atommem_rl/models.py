@@ -168,6 +168,25 @@ def load_policy(path: str | os.PathLike, dtype: str | None = None, trainable: bo
     return model, tok
 
 
+def trainable_dtype(requested: str | None, deepspeed: bool) -> str | None:
+    """The dtype trainable weights are loaded in, for a recipe's ``dtype`` (ModelConfig) under a launcher.
+
+    The optimizer updates the weights it is given in their own dtype. Under DeepSpeed that is fine for
+    any ``dtype``: DeepSpeed keeps fp32 master weights itself (bf16 halves the memory of the load).
+    Everywhere else (one process, DDP, FSDP) bf16 weights mean pure bf16 AdamW, whose updates at
+    lr 1e-6 round away against weights of magnitude ~1e-2 (bf16 keeps 8 bits of mantissa), so the weights
+    are loaded in fp32 and bf16 is used for compute only, through ``bf16: true`` (autocast or FSDP's
+    mixed precision). Returns the dtype name to load with (None: the checkpoint's own)."""
+    if deepspeed:
+        return requested
+    return "float32"
+
+
+def launched_with_deepspeed(config) -> bool:
+    """Whether this process trains under DeepSpeed (accelerate launch's config, or TrainingArguments.deepspeed)."""
+    return bool(getattr(config, "deepspeed", None)) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+
+
 def merge_lora(adapter_dir: str | os.PathLike, out_dir: str | os.PathLike, dtype: str | None = None) -> Path:
     """Merge a LoRA adapter into its base model and save a full HF checkpoint (vLLM loads it)."""
     from peft import AutoPeftModelForCausalLM

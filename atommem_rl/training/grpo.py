@@ -48,10 +48,10 @@ from trl.trainer.utils import RepeatSampler, pad
 
 from envs.core import OPS
 
-from ..policies.base import Policy
 from ..rollout import run_rollouts
 from ..tasks.schema import Task
 from .recipes import CHECKPOINTS, parse_recipe_args
+from .rounds import TrainerPolicy
 from .task_source import TaskSource, load_train_tasks, resolve_path, task_rows
 
 
@@ -108,78 +108,6 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
             raise ValueError(f"scale_rewards must be none, group or batch, got {self.scale_rewards!r}")
 
 
-class TrainerPolicy(Policy):
-    """The policy being trained, as the rollout runner sees it: one generation call per step for
-    all of this process's active episodes, through the trainer's generation backend.
-
-    It records, per episode key, the exact token ids it was prompted with and produced (and the
-    sampling log-probabilities when the backend returns them), which become the training samples.
-    With several processes every generation round is collective (vLLM server, ZeRO-3 and FSDP
-    gather across ranks), so a process whose episodes are all done keeps joining rounds with a
-    throw-away prompt until every process is done (``drain``).
-    """
-
-    name = "trainer"
-
-    def __init__(self, trainer: "StepwiseGRPOTrainer", seed: int = 0):
-        self.trainer = trainer
-        self.seed = seed  # episode `key` resets with seed + key (rollout.run_rollouts)
-        self.tok = trainer.processing_class
-        self.steps: dict[Any, list[tuple[list[int], list[int], list[float] | None]]] = {}
-        self.ended: list[Any] = []
-
-    def start(self, key, task) -> None:
-        self.steps[key] = []  # a retried attempt starts its steps again
-
-    def end(self, key) -> None:
-        self.ended.append(key)
-
-    def _generate(self, prompt_ids: list[list[int]], row_seeds: list[int]):
-        t = self.trainer
-        if getattr(t.args, "seeded_sampling", False) and not t.use_vllm and not t.use_transformers_continuous_batching:
-            from .seeded_sampling import seeded_generation
-
-            with seeded_generation(t, row_seeds):
-                return t._generate_single_turn(prompt_ids, None, {}, 1)
-        return t._generate_single_turn(prompt_ids, None, {}, 1)
-
-    def _round(self, prompt_ids: list[list[int]], row_seeds: list[int]) -> tuple[list[list[int]], list | None]:
-        t = self.trainer
-        if t.accelerator.num_processes > 1:
-            busy = t.accelerator.gather(torch.tensor([int(bool(prompt_ids))], device=t.accelerator.device))
-            if int(busy.max()) == 0:
-                return [], None
-            if not prompt_ids:  # join the collective with a throw-away prompt
-                self._generate([[self.tok.eos_token_id]], [0])
-                return [], None
-        return self._generate(prompt_ids, row_seeds)
-
-    def act(self, batch):
-        prompt_ids = []
-        for _, obs, _ in batch:
-            text = self.tok.apply_chat_template(obs, tokenize=False, add_generation_prompt=True)
-            prompt_ids.append(self.tok.encode(text, add_special_tokens=False))
-        # a step's sampling seed: the episode's reset seed and the step's index in the episode
-        from .seeded_sampling import mix
-
-        row_seeds = [mix(self.seed + key, len(self.steps[key])) for key, _, _ in batch]
-        completion_ids, logprobs = self._round(prompt_ids, row_seeds)
-        texts = self.tok.batch_decode(completion_ids, skip_special_tokens=True)
-        for i, (key, _, _) in enumerate(batch):
-            lp = None if logprobs is None else list(logprobs[i])
-            self.steps[key].append((prompt_ids[i], list(completion_ids[i]), lp))
-        return texts
-
-    def drain(self) -> None:
-        """Keep joining collective generation rounds until no process has active episodes."""
-        if self.trainer.accelerator.num_processes > 1:
-            while True:
-                busy = self.trainer.accelerator.gather(torch.tensor([0], device=self.trainer.accelerator.device))
-                if int(busy.max()) == 0:
-                    return
-                self._generate([[self.tok.eos_token_id]], [0])
-
-
 def group_advantages(returns: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
     """Group-relative advantages of episode returns laid out as consecutive groups of ``group_size``.
 
@@ -207,6 +135,29 @@ def step_samples(episodes: list[list[tuple]], advantages: list[float | list[floa
     return out
 
 
+IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def importance_sampling_ratio(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
+                              clip_min: float | None, clip_max: float | None) -> torch.Tensor:
+    """vLLM's sampling distribution differs from the trained policy's (kernels, precision): the rollout
+    tokens are reweighted by pi_old / pi_vllm, per token (shape B x T) or per sequence (B x 1, the
+    product over its tokens). ``*_truncate`` clamps the ratio to [clip_min, clip_max]; ``*_mask``
+    zeroes it outside that range (the sample then carries no loss). None bounds are open. NaN sampling
+    log-probabilities (unavailable from vLLM) count as no correction. These are TRL's modes and defaults."""
+    if mode not in IS_MODES:
+        raise ValueError(f"vllm_importance_sampling_mode must be one of {', '.join(IS_MODES)}, got {mode!r}")
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    lo = -float("inf") if clip_min is None else clip_min
+    hi = float("inf") if clip_max is None else clip_max
+    if mode.endswith("truncate"):
+        return ratio.clamp(min=lo, max=hi)
+    return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+
+
 class EpochRepeatSampler(RepeatSampler):
     """TRL's RepeatSampler draws each epoch's permutation from one generator seeded once, so epoch e's
     order depends on the e draws before it; a run resumed in epoch e (Trainer does not replay earlier
@@ -224,6 +175,25 @@ class EpochRepeatSampler(RepeatSampler):
         return super().__iter__()
 
 
+def refuse_unsupported(config, peft_config=None) -> None:
+    """Settings of TRL's GRPOTrainer that the step-wise override does not carry, refused with a clear error
+    before anything is built (everything else TRL's loss reads is passed through unchanged)."""
+    if config is None:
+        return
+    errors = []
+    if getattr(config, "vllm_importance_sampling_mode", "sequence_mask") not in IS_MODES:
+        errors.append(f"vllm_importance_sampling_mode must be one of {', '.join(IS_MODES)}, "
+                      f"got {config.vllm_importance_sampling_mode!r}")
+    if (getattr(config, "use_vllm", False) and getattr(config, "vllm_mode", None) == "colocate"
+            and getattr(config, "vllm_tensor_parallel_size", 1) > 1):
+        # TRL's colocated tensor-parallel path slices each group's gathered prompts by equal counts, and
+        # ranks hold different numbers of active episodes at a step
+        errors.append("vllm_mode colocate with vllm_tensor_parallel_size > 1 is not supported by the step-wise "
+                      "trainer (ranks hold different numbers of episodes); use vllm_mode server")
+    if errors:
+        raise ValueError("; ".join(errors))
+
+
 class StepwiseGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose generation batch is made of memory episodes (see the module docstring)."""
 
@@ -233,6 +203,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             from atommem_rl.policies.model import keep_vllm_cpu_weights_loadable
 
             keep_vllm_cpu_weights_loadable()  # before TRL builds the engine; see its docstring
+        refuse_unsupported(cfg, kwargs.get("peft_config"))
         super().__init__(*args, **kwargs)
         self.env_config = dict(env_config or {})
         self.rollout_batch_size = rollout_batch_size
@@ -277,20 +248,15 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         returns = torch.tensor([float(r.get("return", 0.0)) for r in recs], dtype=torch.float32, device=device)
         all_returns = self.accelerator.gather(returns)
         samples = step_samples(episodes, self._advantages(recs, episodes, all_returns, group))
+        sample_returns = [float(r.get("return", 0.0)) for r, steps in zip(recs, episodes) for _ in steps]
         # logged per step taken, dropped or not
         n_steps, completion_tokens = len(samples), sum(len(s[1]) for s in samples)
         if mode == "train" and getattr(self.args, "drop_zero_advantage", False) and samples:
-            kept = [s for s in samples if s[3]]
-            self._metrics[mode]["samples_kept"].append(len(kept) / len(samples))
-            # nothing left: one masked copy keeps the batch's shapes, and the zero-advantage skip sees it
-            samples = kept or [(*samples[0][:3], None)]
+            keep = [i for i, s in enumerate(samples) if s[3]]
+            self._metrics[mode]["samples_kept"].append(len(keep) / len(samples))
+            samples, sample_returns = [samples[i] for i in keep], [sample_returns[i] for i in keep]
         n_real = len(samples)
-        # TRL cuts the batch into steps_per_generation equal slices and drops a remainder: pad with
-        # copies of real samples whose completion mask is zero (no loss, no tokens counted)
-        spg = self.args.steps_per_generation if mode == "train" else 1
-        while len(samples) % spg:
-            p, c, lp, _ = samples[len(samples) % n_real]
-            samples.append((p, c, lp, None))
+        samples = samples + [self._masked_sample()] * (self._local_rows(n_real, mode) - n_real)
 
         pad_id = self._tokenizer.pad_token_id
         prompt_ids = pad([torch.tensor(s[0]) for s in samples], padding_value=pad_id, padding_side="left").to(device)
@@ -298,8 +264,9 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                           padding_side="left").to(device)
         completion_ids = pad([torch.tensor(s[1] or [pad_id]) for s in samples], padding_value=pad_id,
                              padding_side="right").to(device)
-        completion_mask = pad([torch.full((max(1, len(s[1])),), int(s[3] is not None and len(s[1]) > 0), dtype=torch.long)
-                               for s in samples], padding_value=0, padding_side="right").to(device)
+        trained = [int(s[3] is not None and len(s[1]) > 0 and not self._masked_as_truncated(s[1])) for s in samples]
+        completion_mask = pad([torch.full((max(1, len(s[1])),), m, dtype=torch.long) for s, m in zip(samples, trained)],
+                              padding_value=0, padding_side="right").to(device)
         adv = torch.tensor([0.0 if s[3] is None else s[3] for s in samples], dtype=torch.float32, device=device)
         num_items_in_batch = self.accelerator.gather(completion_mask.sum()).sum()
 
@@ -307,36 +274,85 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
             "completion_mask": completion_mask, "advantages": adv, "num_items_in_batch": num_items_in_batch,
         }
+        self._score_old_and_ref(output, samples, mode)
+        self._log_episodes(mode, recs, all_returns, n_steps, completion_tokens)
+        if self.log_completions:
+            real = samples[:n_real]
+            self._logs["prompt"].extend(gather_object([self._tokenizer.decode(s[0][-400:]) for s in real]))
+            self._logs["completion"].extend(gather_object([self._tokenizer.decode(s[1]) for s in real]))
+            for name in self.reward_func_names:  # the episode's return, as TRL logs each reward function's value
+                self._logs["rewards"][name].extend(gather_object(sample_returns))
+            self._logs["advantages"].extend(gather_object([float(s[3]) for s in real]))
+        return output
+
+    def _masked_sample(self) -> tuple:
+        """A one-token row with no loss: pads a rank's batch to the row count every rank holds."""
+        pad_id = self._tokenizer.pad_token_id
+        return ([pad_id], [pad_id], [0.0] if self.use_vllm else None, None)
+
+    def _local_rows(self, n_real: int, mode: str) -> int:
+        """Rows this rank's generation batch is padded to: the same on every rank, so every forward over it
+        (old/ref log-probabilities in chunks of per_device_*_batch_size, then the steps_per_generation
+        micro-batches) runs the same number of times on every rank; ZeRO-3 and FSDP gather parameters in
+        each forward and would deadlock otherwise. A multiple of steps_per_generation, which TRL cuts the
+        batch into (dropping a remainder), and at least 1."""
+        n = n_real
+        if self.accelerator.num_processes > 1:
+            n = int(self.accelerator.gather(torch.tensor([n_real], device=self.accelerator.device)).max())
+        spg = self.args.steps_per_generation if mode == "train" else 1
+        return max(spg, -(-n // spg) * spg)
+
+    def _masked_as_truncated(self, completion: list[int]) -> bool:
+        """``mask_truncated_completions``: a completion that ends in neither EOS nor padding was cut at
+        max_completion_length and carries no loss (TRL's rule)."""
+        if not self.mask_truncated_completions or not completion:
+            return False
+        return completion[-1] not in (*self.eos_token_ids, self._tokenizer.pad_token_id)
+
+    def _score_old_and_ref(self, output: dict, samples: list[tuple], mode: str) -> None:
+        """Old-policy log-probabilities (when TRL's loss needs them: several updates per generation batch,
+        or vLLM's importance-sampling correction), the importance-sampling ratio, and the reference
+        log-probabilities for the KL term (beta > 0; with PEFT the adapter-disabled policy, as TRL)."""
+        device = self.accelerator.device
+        prompt_ids, completion_ids = output["prompt_ids"], output["completion_ids"]
+        completion_mask = output["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention = torch.cat([prompt_mask, torch.ones_like(completion_mask)], dim=1)
+        attention = torch.cat([output["prompt_mask"], torch.ones_like(completion_mask)], dim=1)
         keep = completion_ids.size(1)
         batch_size = self.args.per_device_train_batch_size if mode == "train" else self.args.per_device_eval_batch_size
-        with torch.no_grad():
-            generate_every = self.args.steps_per_generation * self.num_iterations
-            if self.args.gradient_accumulation_steps % generate_every != 0 or (
-                self.use_vllm and self.vllm_importance_sampling_correction
-            ):
-                output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention, keep, batch_size=batch_size)
-            if self.beta != 0.0 and self.ref_model is not None:
-                output["ref_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.ref_model, input_ids, attention, keep, batch_size=batch_size)
+        sampling = None
         if self.use_vllm and all(s[2] is not None for s in samples):
             sampling = pad([torch.tensor(s[2] if s[2] else [0.0]) for s in samples], padding_value=0.0,
                            padding_side="right").to(device)
             output["sampling_per_token_logps"] = sampling
-            if self.vllm_importance_sampling_correction:
-                diff = torch.nan_to_num((output["old_per_token_logps"] - sampling) * completion_mask, nan=0.0)
-                ratio = torch.exp(diff)
-                output["importance_sampling_ratio"] = torch.clamp(ratio, max=self.vllm_importance_sampling_clip_max)
-        self._log_episodes(mode, recs, all_returns, n_steps, completion_tokens)
-        if self.log_completions:
-            self._logs["prompt"].extend(gather_object([self._tokenizer.decode(s[0][-400:]) for s in samples[:n_real]]))
-            self._logs["completion"].extend(gather_object([self._tokenizer.decode(s[1]) for s in samples[:n_real]]))
-            for name in self.reward_func_names:
-                self._logs["rewards"][name].extend(gather_object([float(s[3]) for s in samples[:n_real]]))
-            self._logs["advantages"].extend(gather_object([float(s[3]) for s in samples[:n_real]]))
-        return output
+        is_correction = self.use_vllm and self.vllm_importance_sampling_correction
+        if is_correction and sampling is None:
+            raise RuntimeError("vLLM returned no sampling log-probabilities, which the importance-sampling "
+                               "correction needs (vllm_importance_sampling_correction: false turns it off)")
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        with torch.no_grad():
+            if self.args.gradient_accumulation_steps % generate_every != 0 or is_correction:
+                output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
+                    self.model, input_ids, attention, keep, batch_size=batch_size)
+            if self.beta != 0.0:
+                output["ref_per_token_logps"] = self._ref_logps(input_ids, attention, keep, batch_size)
+        if is_correction:
+            output["importance_sampling_ratio"] = importance_sampling_ratio(
+                output["old_per_token_logps"], sampling, completion_mask, self.vllm_importance_sampling_mode,
+                self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
+
+    def _ref_logps(self, input_ids, attention, keep, batch_size):
+        if self.ref_model is not None:
+            return self._get_per_token_logps_and_entropies(self.ref_model, input_ids, attention, keep,
+                                                           batch_size=batch_size)[0]
+        # PEFT: TRL keeps no reference copy; the reference is the policy with its adapter disabled (or the
+        # initial copy TRL loads as adapter "ref" when an existing adapter is trained further)
+        from trl.trainer.utils import use_adapter
+
+        model = self.accelerator.unwrap_model(self.model)
+        with use_adapter(model, adapter_name="ref" if "ref" in model.peft_config else None):
+            return self._get_per_token_logps_and_entropies(self.model, input_ids, attention, keep,
+                                                           batch_size=batch_size)[0]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss, except for a micro-batch that cannot move the policy: with beta 0 every loss type
@@ -420,10 +436,11 @@ class StepwiseGRPOTrainer(GRPOTrainer):
 
 def build_trainer(config: GRPORecipeConfig, trainer_cls: type = StepwiseGRPOTrainer, **extra) -> StepwiseGRPOTrainer:
     """The policy (optionally LoRA), the tasks as TRL rows, and the step-wise trainer."""
-    from ..models import load_policy
+    from ..models import launched_with_deepspeed, load_policy, trainable_dtype
 
     tasks = load_train_tasks(config)
-    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), trainable=True)
+    dtype = trainable_dtype(config.dtype, launched_with_deepspeed(config))
+    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), dtype=dtype, trainable=True)
     peft_config = None
     if config.use_peft:
         from trl import get_peft_config

@@ -25,6 +25,7 @@ Launch:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -56,7 +57,10 @@ class PPORecipeConfig(GRPORecipeConfig):
         default=None, metadata={"help": "Critic checkpoint (None: initialised from the policy checkpoint)."})
     critic_learning_rate: float = field(default=1e-5, metadata={"help": "Critic AdamW learning rate."})
     critic_epochs: int = field(default=2, metadata={"help": "Critic passes over each rollout batch."})
-    critic_batch_size: int = field(default=8, metadata={"help": "Step prompts per critic forward."})
+    critic_batch_size: int = field(default=8, metadata={"help": "Step prompts per critic forward (at most)."})
+    critic_max_tokens: int = field(default=8192, metadata={
+        "help": "Padded tokens per critic forward/backward (at most; a longer step prompt goes alone): bounds "
+                "the critic's activation memory, which with 8 prompts of ~2K tokens outgrew a 24 GB machine."})
     cliprange_value: float = field(default=0.2, metadata={"help": "Value clipping range around the old value."})
     whiten_advantages: bool = field(default=True, metadata={"help": "Normalise advantages over the batch."})
 
@@ -66,8 +70,8 @@ class PPORecipeConfig(GRPORecipeConfig):
         super().__post_init__()
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError("gamma and lam must be in [0, 1]")
-        if self.critic_epochs < 0 or self.critic_batch_size < 1:
-            raise ValueError("critic_epochs must be >= 0 and critic_batch_size >= 1")
+        if self.critic_epochs < 0 or self.critic_batch_size < 1 or self.critic_max_tokens < 1:
+            raise ValueError("critic_epochs must be >= 0, critic_batch_size and critic_max_tokens >= 1")
 
 
 def gae(rewards: list[float], values: list[float], gamma: float, lam: float) -> tuple[list[float], list[float]]:
@@ -83,27 +87,40 @@ def gae(rewards: list[float], values: list[float], gamma: float, lam: float) -> 
 
 
 class StepwisePPOTrainer(StepwiseGRPOTrainer):
-    """Step-wise trainer with a critic and per-step GAE advantages (see the module docstring)."""
+    """Step-wise trainer with a critic and per-step GAE advantages (see the module docstring).
+
+    The critic is a second model under the trainer's accelerator (DDP or FSDP wrap it like the policy).
+    Every critic pass (values, fit) runs the same number of forwards and backwards on every rank,
+    whatever each rank's number of steps: a rank with fewer chunks runs one-token chunks with no loss,
+    because DDP reduces gradients in every backward and FSDP gathers parameters in every forward."""
 
     def __init__(self, *args, critic=None, critic_config: PPORecipeConfig | None = None, **kwargs):
+        refuse_unsupported_ppo()
         super().__init__(*args, **kwargs)
         cfg = critic_config
         self.gamma, self.lam = cfg.gamma, cfg.lam
         self.cliprange_value, self.critic_epochs = cfg.cliprange_value, cfg.critic_epochs
         self.critic_batch_size, self.whiten = cfg.critic_batch_size, cfg.whiten_advantages
+        self.critic_max_tokens = cfg.critic_max_tokens
+        if self.accelerator.scaler is not None:
+            raise ValueError("PPO's critic does not support fp16 mixed precision (a second grad scaler); use bf16")
+        if cfg.gradient_checkpointing:
+            critic.gradient_checkpointing_enable(gradient_checkpointing_kwargs=cfg.gradient_checkpointing_kwargs
+                                                 or {"use_reentrant": False})
         optimizer = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_learning_rate)
-        # the critic is a second model under the same accelerator: DDP/FSDP/DeepSpeed wrap it too
-        self.critic, self.critic_optimizer = self.accelerator.prepare(critic, optimizer)
+        self.critic, prepared = self.accelerator.prepare(critic, optimizer)
+        # accelerate's optimizer wrapper steps only when the *trainer's* gradient accumulation says so
+        # (sync_gradients), which is False on all but the last micro-step where the critic is fitted:
+        # the critic is stepped on its own schedule, through the optimizer the wrapper holds
+        self.critic_optimizer = getattr(prepared, "optimizer", prepared)
+        self.critic_passes = {"forward": 0, "backward": 0}  # per rank; equal on every rank (tests check it)
 
     # -- the critic is part of every checkpoint-N: a resumed run restores its weights and optimizer
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        """Trainer saves optimizer/scheduler here, before trainer_state.json (written last, so a
-        checkpoint killed mid-save fails the resume check): the critic and its optimizer go alongside."""
+        """Trainer saves optimizer/scheduler here on every rank, before trainer_state.json (written last, so
+        a checkpoint killed mid-save fails the resume check): the critic and its optimizer go alongside."""
         super()._save_optimizer_and_scheduler(output_dir)
-        if self.accelerator.is_main_process:
-            folder = Path(output_dir) / CRITIC_DIR
-            self.accelerator.unwrap_model(self.critic).save_pretrained(folder)
-            torch.save(self.critic_optimizer.state_dict(), folder / CRITIC_OPTIMIZER)
+        save_critic_state(self, Path(output_dir) / CRITIC_DIR, optimizer=True)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -114,38 +131,69 @@ class StepwisePPOTrainer(StepwiseGRPOTrainer):
             from ..models import CheckpointError
 
             raise CheckpointError(f"PPO checkpoint {checkpoint} has no critic ({folder / CRITIC_OPTIMIZER})")
-        critic = self.accelerator.unwrap_model(self.critic)
-        saved = type(critic).from_pretrained(folder, dtype=next(critic.parameters()).dtype)
-        critic.load_state_dict(saved.state_dict())
-        self.critic_optimizer.load_state_dict(torch.load(folder / CRITIC_OPTIMIZER, weights_only=True,
-                                                         map_location=self.accelerator.device))
+        load_critic_state(self, folder)
 
-    def _values(self, prompts: list[list[int]], grad: bool = False) -> torch.Tensor:
+    # -- critic passes with the same number of collectives on every rank
+    def _chunks(self, prompts: list[list[int]], order: list[int]) -> list[list[int]]:
+        """Indices of ``prompts`` in ``order``, cut into chunks of at most ``critic_batch_size`` prompts and
+        ``critic_max_tokens`` padded tokens (a longer prompt goes alone), padded with empty chunks to the
+        largest chunk count of any rank."""
+        chunks: list[list[int]] = []
+        for j in order:
+            cur = chunks[-1] if chunks else None
+            width = max([len(prompts[i]) for i in cur] + [len(prompts[j])]) if cur else 0
+            if cur is None or len(cur) >= self.critic_batch_size or width * (len(cur) + 1) > self.critic_max_tokens:
+                chunks.append([j])
+            else:
+                cur.append(j)
+        n = len(chunks)
+        if self.accelerator.num_processes > 1:
+            n = int(self.accelerator.gather(torch.tensor([n], device=self.accelerator.device)).max())
+        return chunks + [[] for _ in range(n - len(chunks))]
+
+    def _critic_forward(self, chunk: list[list[int]]) -> torch.Tensor:
+        """Values of a chunk of prompts; an empty chunk runs one padding token (its value is discarded)."""
         pad_id = self._tokenizer.pad_token_id
+        rows = chunk or [[pad_id]]
+        width = max(len(p) for p in rows)
+        # right padding: sequence-classification heads read the last non-pad token
+        ids = torch.tensor([p + [pad_id] * (width - len(p)) for p in rows], device=self.accelerator.device)
+        mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in rows], device=self.accelerator.device)
+        self.critic_passes["forward"] += 1
+        values = self.critic(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()
+        return values if chunk else values[:0] + 0.0 * values.sum()
+
+    def _values(self, prompts: list[list[int]]) -> torch.Tensor:
         out = []
-        for i in range(0, len(prompts), self.critic_batch_size):
-            chunk = prompts[i : i + self.critic_batch_size]
-            width = max(len(p) for p in chunk)
-            # right padding: sequence-classification heads read the last non-pad token
-            ids = torch.tensor([p + [pad_id] * (width - len(p)) for p in chunk], device=self.accelerator.device)
-            mask = torch.tensor([[1] * len(p) + [0] * (width - len(p)) for p in chunk], device=self.accelerator.device)
-            with torch.set_grad_enabled(grad):
-                out.append(self.critic(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float())
+        with torch.no_grad():
+            for idx in self._chunks(prompts, list(range(len(prompts)))):
+                out.append(self._critic_forward([prompts[i] for i in idx])[: len(idx)])
         return torch.cat(out) if out else torch.zeros(0, device=self.accelerator.device)
 
     def _fit_critic(self, prompts: list[list[int]], returns: torch.Tensor, old: torch.Tensor) -> float:
+        """``critic_epochs`` passes of the clipped value loss over this generation batch's steps. Each
+        chunk's loss is its sum over the chunk's steps on every rank divided by their global count (times
+        the world size, which DDP's and FSDP's gradient averaging divides out): the mean over all ranks'
+        steps of that chunk, whatever each rank holds."""
+        acc = self.accelerator
         losses = []
         self.critic.train()
         for _ in range(self.critic_epochs):
-            order = torch.randperm(len(prompts)).tolist()
-            for i in range(0, len(order), self.critic_batch_size):
-                idx = order[i : i + self.critic_batch_size]
-                v = self._values([prompts[j] for j in idx], grad=True)
-                g, v_old = returns[idx], old[idx]
-                clipped = v_old + torch.clamp(v - v_old, -self.cliprange_value, self.cliprange_value)
-                loss = 0.5 * torch.max((v - g) ** 2, (clipped - g) ** 2).mean()
+            chunks = self._chunks(prompts, torch.randperm(len(prompts)).tolist())
+            counts = torch.tensor([float(len(c)) for c in chunks], device=acc.device)
+            if acc.num_processes > 1:
+                counts = acc.gather(counts).view(acc.num_processes, -1).sum(0)
+            for idx, total in zip(chunks, counts.tolist(), strict=True):
+                v = self._critic_forward([prompts[j] for j in idx])
+                if idx:
+                    g, v_old = returns[idx], old[idx]
+                    clipped = v_old + torch.clamp(v - v_old, -self.cliprange_value, self.cliprange_value)
+                    loss = 0.5 * torch.max((v - g) ** 2, (clipped - g) ** 2).sum() * acc.num_processes / max(total, 1.0)
+                else:
+                    loss = v.sum()  # zero, connected to every parameter the forward used
                 self.critic_optimizer.zero_grad()
-                self.accelerator.backward(loss)
+                loss.backward()
+                self.critic_passes["backward"] += 1
                 self.critic_optimizer.step()
                 losses.append(loss.item())
         return sum(losses) / max(len(losses), 1)
@@ -164,7 +212,7 @@ class StepwisePPOTrainer(StepwiseGRPOTrainer):
             flat_returns.extend(ret)
         device = self.accelerator.device
         mode = "train" if self.model.training else "eval"
-        if mode == "train" and self.critic_epochs > 0 and prompts:
+        if mode == "train" and self.critic_epochs > 0:  # every rank, even one without steps (collectives)
             loss = self._fit_critic(prompts, torch.tensor(flat_returns, device=device),
                                     torch.tensor(values, device=device))
             # logged by the main process: the mean over all processes, as for the rewards
@@ -173,13 +221,60 @@ class StepwisePPOTrainer(StepwiseGRPOTrainer):
         # the mean over every process's steps (a local mean would log rank 0's half only)
         total = self.accelerator.gather(torch.tensor([sum(values), float(len(values))], device=device)).view(-1, 2).sum(0)
         self._metrics[mode]["critic/value_mean"].append((total[0] / total[1].clamp(min=1.0)).item())
-        if self.whiten and flat_adv:
+        if self.whiten:
             stats = self.accelerator.gather(torch.tensor([sum(flat_adv), sum(a * a for a in flat_adv),
                                                           float(len(flat_adv))], device=device)).view(-1, 3).sum(0)
-            mean = stats[0] / stats[2]
-            std = torch.sqrt(torch.clamp(stats[1] / stats[2] - mean**2, min=0.0)) + 1e-6
+            mean = stats[0] / stats[2].clamp(min=1.0)
+            std = torch.sqrt(torch.clamp(stats[1] / stats[2].clamp(min=1.0) - mean**2, min=0.0)) + 1e-6
             per_episode = [[(a - mean.item()) / std.item() for a in adv] for adv in per_episode]
         return per_episode
+
+
+def refuse_unsupported_ppo() -> None:
+    """PPO under DeepSpeed: the critic would be a second DeepSpeed engine, and accelerate routes
+    ``backward`` to one engine only; refused before anything is built."""
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" or \
+            PartialState().distributed_type == DistributedType.DEEPSPEED:
+        raise ValueError("atommem ppo does not run under DeepSpeed (the critic would be a second DeepSpeed engine); "
+                         "launch it with recipes/accelerate/fsdp2.yaml or multi_gpu.yaml")
+
+
+def _state_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def save_critic_state(trainer: StepwisePPOTrainer, folder: Path, optimizer: bool) -> None:
+    """The critic as a Hugging Face folder (full weights gathered from every rank: sharded under FSDP),
+    plus its optimizer's full state under ``optimizer.pt``. Called on every rank (the gathers are
+    collectives); the main process writes."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    critic = trainer.accelerator.unwrap_model(trainer.critic)
+    weights = get_model_state_dict(critic, options=_state_options(cpu_offload=True))
+    optim = get_optimizer_state_dict(critic, trainer.critic_optimizer, options=_state_options(cpu_offload=True)) \
+        if optimizer else None
+    if trainer.accelerator.is_main_process:
+        folder.mkdir(parents=True, exist_ok=True)
+        critic.save_pretrained(folder, state_dict=weights)
+        if optim is not None:
+            torch.save(optim, folder / CRITIC_OPTIMIZER)
+    trainer.accelerator.wait_for_everyone()
+
+
+def load_critic_state(trainer: StepwisePPOTrainer, folder: Path) -> None:
+    """Every rank reads the full critic and optimizer state and keeps its own shard of it."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    critic = trainer.accelerator.unwrap_model(trainer.critic)
+    saved = type(critic).from_pretrained(folder, dtype=torch.float32).state_dict()
+    set_model_state_dict(critic, saved, options=_state_options())
+    optim = torch.load(folder / CRITIC_OPTIMIZER, weights_only=True, map_location="cpu")
+    set_optimizer_state_dict(critic, trainer.critic_optimizer, optim, options=_state_options())
 
 
 def build_critic(config: PPORecipeConfig):
@@ -202,8 +297,7 @@ def build_trainer(config: PPORecipeConfig) -> StepwisePPOTrainer:
 
 
 def save_critic(trainer: StepwisePPOTrainer) -> None:
-    if trainer.accelerator.is_main_process:
-        trainer.accelerator.unwrap_model(trainer.critic).save_pretrained(Path(trainer.args.output_dir) / CRITIC_DIR)
+    save_critic_state(trainer, Path(trainer.args.output_dir) / CRITIC_DIR, optimizer=False)
 
 
 def train(config: PPORecipeConfig) -> dict:

@@ -150,13 +150,14 @@ def build_trainer(config: SFTRecipeConfig, rows: list[dict] | None = None):
     """An ``SFTTrainer`` on the demonstrations (no training yet): model, tokenizer, dataset, LoRA."""
     from trl import SFTTrainer, get_peft_config
 
-    from atommem_rl.models import load_policy
+    from atommem_rl.models import launched_with_deepspeed, load_policy, trainable_dtype
 
     from .demonstrations import to_dataset
 
     if rows is None:
         rows, _ = demonstration_rows(config)
-    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), dtype=config.dtype)
+    dtype = trainable_dtype(config.dtype, launched_with_deepspeed(config))
+    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), dtype=dtype)
     trainer = SFTTrainer(model=model, args=config, train_dataset=to_dataset(rows), processing_class=tokenizer,
                          peft_config=get_peft_config(config))
     # SFTTrainer silently drops examples whose assistant tokens all fall beyond max_length.

@@ -1,0 +1,194 @@
+"""Generation rounds of the step-wise trainers: the policy being trained, as the rollout runner sees it.
+
+Every step of every active episode on this process is generated in one *round* (one call to the
+trainer's generation backend). With several processes a round is a collective whenever the backend
+needs one, and ranks finish their episodes at different steps, so the rule is: **every rank takes
+part in the same number of rounds**; a rank whose episodes are all done keeps joining, with nothing
+to generate, until every rank is done (:meth:`TrainerPolicy.drain`). What a round is, per backend:
+
+* **vLLM server** (``vllm_mode="server"``): the prompts of all ranks are gathered (their counts may
+  differ: a rank with no episode left sends none), the main process sends them to the server, and the
+  completions are broadcast back and cut by each rank's own offsets. TRL's own server path slices the
+  broadcast result as ``process_index * len(prompts)``, which is only right when every rank sends the
+  same number of prompts, so this module runs the round itself through TRL's client. Each request
+  carries the step's own sampling seed, so a step's tokens depend on its prompt and seed only (not
+  on the number of ranks), and the server's echo of every prompt is compared with what was sent
+  (``mismatched_completions``; a mismatch raises).
+* **Hugging Face generate under DeepSpeed ZeRO-3 or FSDP**: generation gathers sharded parameters,
+  a collective, so an idle rank joins with a one-token throw-away prompt generating one token
+  (``generate`` keeps its peers in step with ``synced_gpus``).
+* **Hugging Face generate under DDP / one process, vLLM colocated**: no collective inside generation;
+  an idle rank only takes part in the one-flag all-gather that tells whether anyone is still busy.
+
+It records, per episode key, the exact token ids it was prompted with and produced (and the
+sampling log-probabilities when the backend returns them): these become the training samples.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import torch
+from accelerate.utils import DistributedType, broadcast_object_list, gather_object
+
+from ..policies.base import Policy
+from .seeded_sampling import mix
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .grpo import StepwiseGRPOTrainer
+
+# requests in flight to a vLLM server during one round (it batches them itself)
+SERVER_CONCURRENCY = 64
+
+
+class CompletionMismatch(RuntimeError):
+    """The vLLM server answered a round with completions of other prompts than the ones sent."""
+
+
+def uses_vllm_server(trainer) -> bool:
+    return bool(getattr(trainer, "use_vllm", False)) and getattr(trainer.args, "vllm_mode", None) == "server"
+
+
+def generation_is_collective(trainer) -> bool:
+    """Whether Hugging Face generation gathers sharded parameters (every rank must join every round)."""
+    if getattr(trainer, "use_vllm", False):
+        return False
+    return trainer.accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP)
+
+
+class TrainerPolicy(Policy):
+    """The policy being trained: one generation round per step for all of this process's active
+    episodes, through the trainer's generation backend (see the module docstring)."""
+
+    name = "trainer"
+
+    def __init__(self, trainer: "StepwiseGRPOTrainer", seed: int = 0):
+        self.trainer = trainer
+        self.seed = seed  # episode `key` resets with seed + key (rollout.run_rollouts)
+        self.tok = trainer.processing_class
+        self.steps: dict[Any, list[tuple[list[int], list[int], list[float] | None]]] = {}
+        self.ended: list[Any] = []
+        self.rounds = 0  # rounds this rank took part in (equal on every rank: tests check it)
+        self.generated_prompts = 0
+        self.mismatched_completions = 0
+
+    def start(self, key, task) -> None:
+        self.steps[key] = []  # a retried attempt starts its steps again
+
+    def end(self, key) -> None:
+        self.ended.append(key)
+
+    # -- one round -------------------------------------------------------------------------------
+    def _generate(self, prompt_ids: list[list[int]], row_seeds: list[int]):
+        t = self.trainer
+        if getattr(t.args, "seeded_sampling", False) and not t.use_vllm and not t.use_transformers_continuous_batching:
+            from .seeded_sampling import seeded_generation
+
+            with seeded_generation(t, row_seeds):
+                return t._generate_single_turn(prompt_ids, None, {}, 1)
+        return t._generate_single_turn(prompt_ids, None, {}, 1)
+
+    def _throw_away_round(self) -> None:
+        """Join a collective generation with one token of prompt and one generated token."""
+        t = self.trainer
+        config = t.generation_config
+        saved = (config.max_new_tokens, getattr(config, "min_new_tokens", None))
+        config.max_new_tokens, config.min_new_tokens = 1, None
+        try:
+            self._generate([[self.tok.eos_token_id]], [0])
+        finally:
+            config.max_new_tokens, config.min_new_tokens = saved
+
+    def _server_round(self, prompt_ids: list[list[int]], row_seeds: list[int]):
+        """One round through a vLLM server: (completions, logprobs, whether any rank had prompts)."""
+        t = self.trainer
+        acc = t.accelerator
+        vg = t.vllm_generation
+        if t.state.global_step != t._last_loaded_step:  # a collective under ZeRO-3/FSDP: every rank
+            vg.sync_weights()
+            t._last_loaded_step = t.state.global_step
+        per_rank = gather_object([list(zip(prompt_ids, row_seeds))])  # one entry per rank, any length
+        counts = [len(r) for r in per_rank]
+        if sum(counts) == 0:
+            return [], None, False
+        payload = [None]
+        if acc.is_main_process:
+            flat = [item for r in per_rank for item in r]
+            payload = [self._ask_server(vg, flat)]
+        broadcast_object_list(payload, from_process=0)
+        completions, logprobs, echoed = payload[0]
+        start = sum(counts[: acc.process_index])
+        mine = slice(start, start + len(prompt_ids))
+        bad = sum(int(e != p) for e, p in zip(echoed[mine], prompt_ids, strict=True))
+        self.mismatched_completions += bad
+        if bad:
+            raise CompletionMismatch(f"rank {acc.process_index}: {bad} of {len(prompt_ids)} completions from the "
+                                     "vLLM server belong to other prompts than the ones this rank sent")
+        return completions[mine], logprobs[mine], True
+
+    @staticmethod
+    def _ask_server(vg, items: list[tuple[list[int], int]]):
+        """Main process: one request per prompt (each with its own seed), sent concurrently."""
+        params = dict(n=1, repetition_penalty=vg.repetition_penalty, temperature=vg.temperature, top_p=vg.top_p,
+                      top_k=vg.top_k, min_p=0.0 if vg.min_p is None else vg.min_p, max_tokens=vg.max_completion_length,
+                      logprobs=vg.logprobs, structured_outputs_regex=vg.structured_outputs_regex)
+
+        def one(item):
+            prompt, seed = item
+            # vLLM seeds are 64-bit signed at most
+            out = vg.vllm_client.generate(prompts=[prompt], generation_kwargs={**vg.generation_kwargs,
+                                                                               "seed": seed % (2**63 - 1)}, **params)
+            # per-token top-k logprobs; keep the sampled token's (TRL does the same)
+            lps = None if out["logprobs"] is None else [lp[0] for lp in out["logprobs"][0]]
+            return out["completion_ids"][0], lps, out["prompt_ids"][0]
+
+        with ThreadPoolExecutor(max_workers=min(SERVER_CONCURRENCY, len(items))) as pool:
+            results = list(pool.map(one, items))
+        completions = [r[0] for r in results]
+        logprobs = None if any(r[1] is None for r in results) else [r[1] for r in results]
+        if logprobs is None:
+            logprobs = [None] * len(results)
+        return completions, logprobs, [r[2] for r in results]
+
+    def _round(self, prompt_ids: list[list[int]], row_seeds: list[int]):
+        """Generate this rank's prompts (maybe none) in a round every rank joins:
+        (completion ids, sampling logprobs or None, whether any rank had prompts)."""
+        t = self.trainer
+        self.rounds += 1
+        if uses_vllm_server(t):
+            out = self._server_round(prompt_ids, row_seeds)
+        elif t.accelerator.num_processes > 1:
+            busy = t.accelerator.gather(torch.tensor([int(bool(prompt_ids))], device=t.accelerator.device))
+            if int(busy.max()) == 0:
+                out = [], None, False
+            elif not prompt_ids:
+                if generation_is_collective(t):
+                    self._throw_away_round()
+                out = [], None, True
+            else:
+                out = (*self._generate(prompt_ids, row_seeds), True)
+        else:
+            out = (*self._generate(prompt_ids, row_seeds), bool(prompt_ids))
+        self.generated_prompts += len(prompt_ids)
+        return out
+
+    def act(self, batch):
+        prompt_ids = []
+        for _, obs, _ in batch:
+            text = self.tok.apply_chat_template(obs, tokenize=False, add_generation_prompt=True)
+            prompt_ids.append(self.tok.encode(text, add_special_tokens=False))
+        # a step's sampling seed: the episode's reset seed and the step's index in the episode
+        row_seeds = [mix(self.seed + key, len(self.steps[key])) for key, _, _ in batch]
+        completion_ids, logprobs, _ = self._round(prompt_ids, row_seeds)
+        texts = self.tok.batch_decode(completion_ids, skip_special_tokens=True)
+        for i, (key, _, _) in enumerate(batch):
+            lp = None if logprobs is None or logprobs[i] is None else list(logprobs[i])
+            self.steps[key].append((prompt_ids[i], list(completion_ids[i]), lp))
+        return texts
+
+    def drain(self) -> None:
+        """Keep joining generation rounds until no process has active episodes."""
+        if self.trainer.accelerator.num_processes > 1 or uses_vllm_server(self.trainer):
+            while self._round([], [])[2]:
+                pass

@@ -1,0 +1,64 @@
+"""Launched by tests/test_rounds.py under ``accelerate launch`` (2 gloo ranks): generation rounds in vLLM
+server mode with a different number of prompts per rank and per round, through the real collectives.
+
+The vLLM server is scripted (a test must script the model's output to check which prompt a completion
+belongs to): its completion of a prompt is the prompt's last two tokens and the seed's low byte, and it
+echoes the prompt ids, as vLLM's /v1/completions does. Writes one JSON line per rank to argv[1].
+"""
+
+import json
+import sys
+import threading
+from types import SimpleNamespace
+
+from accelerate import Accelerator
+
+from atommem_rl.training.rounds import TrainerPolicy
+
+
+class ScriptedServer:
+    def __init__(self):
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def generate(self, prompts, generation_kwargs=None, **params):
+        with self.lock:
+            self.calls += 1
+        seed = generation_kwargs["seed"]
+        return {"prompt_ids": [list(p) for p in prompts], "completion_ids": [[p[-2], p[-1], seed % 256] for p in prompts],
+                "logprobs": [[[-0.5]] * 3 for _ in prompts]}
+
+
+def main(out: str) -> None:
+    acc = Accelerator(cpu=True)
+    rank = acc.process_index
+    server = ScriptedServer()
+    vg = SimpleNamespace(vllm_client=server, repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
+                         max_completion_length=8, logprobs=0, structured_outputs_regex=None, generation_kwargs={},
+                         sync_weights=lambda: None)
+    trainer = SimpleNamespace(accelerator=acc, use_vllm=True, args=SimpleNamespace(vllm_mode="server"),
+                              vllm_generation=vg, state=SimpleNamespace(global_step=0), _last_loaded_step=0,
+                              processing_class=SimpleNamespace(eos_token_id=0))
+    policy = TrainerPolicy(trainer)
+    # rank 0 has 3 prompts, then 1, then none; rank 1 has 1, then 4, then 2, then 2 (it finishes later)
+    plan = {0: [3, 1], 1: [1, 4, 2, 2]}[rank]
+    mismatched = 0
+    for r, n in enumerate(plan):
+        prompts = [[rank + 1, 100 * r + i, 7 * i + rank] for i in range(n)]
+        seeds = [1000 * rank + 10 * r + i for i in range(n)]
+        completions, logprobs, busy = policy._round(prompts, seeds)
+        assert busy and len(completions) == n and len(logprobs) == n
+        mismatched += sum(c != [p[-2], p[-1], s % 256] for c, p, s in zip(completions, prompts, seeds))
+    policy.drain()
+    with open(out, "a") as f:
+        f.write(json.dumps({"rank": rank, "rounds": policy.rounds, "mismatched": mismatched,
+                            "server_calls": server.calls, "prompts": policy.generated_prompts}) + "\n")
+    # left to interpreter exit, a gloo rank sometimes aborts after finishing (as the CLI, destroy it)
+    acc.wait_for_everyone()
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,93 @@
+"""Generation rounds on several ranks (training/rounds.py) and the step-wise trainers' guards that do not
+need a model: vLLM server rounds with uneven prompt counts, the importance-sampling modes, refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import REPO, free_port
+
+
+def test_server_rounds_with_uneven_prompts_on_two_ranks(tmp_path):
+    """Two gloo ranks send 3/1 and 1/4/2/2 prompts per round (rank 0 finishes first and drains): every
+    completion comes back to the rank and position of its own prompt (TRL's server path sliced by
+    ``process_index * len(prompts)`` and handed rank 1 rank 0's completions), both ranks take part in
+    the same number of rounds (5: four with prompts, one that finds everyone idle), and the server is
+    asked once per prompt, each with its own seed."""
+    out = tmp_path / "ranks.jsonl"
+    accelerate = Path(sys.executable).with_name("accelerate")
+    res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+                          "--main_process_port", str(free_port()), str(REPO / "tests/multirank/server_rounds.py"),
+                          str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["mismatched"] == 0 for r in ranks)
+    assert [r["rounds"] for r in ranks] == [5, 5]
+    assert [r["prompts"] for r in ranks] == [4, 9]
+    assert ranks[0]["server_calls"] == 13 and ranks[1]["server_calls"] == 0  # the main process asks
+
+
+def test_importance_sampling_modes_by_hand():
+    from atommem_rl.training.grpo import importance_sampling_ratio
+
+    old = torch.tensor([[0.0, -1.0, -2.0], [-1.0, -1.0, 0.0]])
+    vllm = torch.tensor([[0.0, -2.0, -0.5], [-1.0, float("nan"), 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    # per token: exp(old - vllm) on trained tokens, 1 elsewhere and where vLLM gave NaN
+    tok = importance_sampling_ratio(old, vllm, mask, "token_truncate", None, 2.0)
+    torch.testing.assert_close(tok, torch.tensor([[1.0, 2.0, 1.0], [1.0, 1.0, 1.0]]))  # e = 2.718 clamped to 2
+    masked = importance_sampling_ratio(old, vllm, mask, "token_mask", 0.5, 2.0)
+    torch.testing.assert_close(masked, torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]]))  # out of range: no loss
+    seq = importance_sampling_ratio(old, vllm, mask, "sequence_truncate", 0.1, 5.0)
+    assert seq.shape == (2, 1) and seq[:, 0].tolist() == pytest.approx([math.e, 1.0])
+    assert importance_sampling_ratio(old, vllm, mask, "sequence_mask", None, 2.0)[:, 0].tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError, match="vllm_importance_sampling_mode"):
+        importance_sampling_ratio(old, vllm, mask, "tokens", None, 2.0)
+
+
+def test_unsupported_settings_are_refused_before_work():
+    from types import SimpleNamespace
+
+    from atommem_rl.training.grpo import refuse_unsupported
+
+    with pytest.raises(ValueError, match="vllm_importance_sampling_mode"):
+        refuse_unsupported(SimpleNamespace(vllm_importance_sampling_mode="per_token"))
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        refuse_unsupported(SimpleNamespace(use_vllm=True, vllm_mode="colocate", vllm_tensor_parallel_size=2))
+    refuse_unsupported(SimpleNamespace(use_vllm=True, vllm_mode="server", vllm_tensor_parallel_size=2))
+
+
+def test_trainable_weights_are_fp32_unless_deepspeed():
+    """A recipe's dtype bfloat16 under one process/DDP/FSDP would mean pure bf16 AdamW (lr 1e-6 updates
+    round away): trainable weights load in fp32 there, and in the recipe's dtype under DeepSpeed."""
+    from atommem_rl.models import trainable_dtype
+
+    assert trainable_dtype("bfloat16", deepspeed=False) == "float32"
+    assert trainable_dtype(None, deepspeed=False) == "float32"
+    assert trainable_dtype("bfloat16", deepspeed=True) == "bfloat16"
+    # bf16 AdamW loses the update that fp32 keeps
+    w16, w32 = torch.tensor([0.02], dtype=torch.bfloat16), torch.tensor([0.02])
+    assert torch.equal(w16 - 1e-6, w16) and not torch.equal(w32 - 1e-6, w32)
+
+
+@pytest.mark.slow
+def test_grpo_loads_a_bf16_checkpoint_in_fp32(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from atommem_rl.models import tiny_model
+    from atommem_rl.training.grpo import build_trainer
+
+    from .test_grpo import small_config
+
+    path = tiny_model(tmp_path / "tiny")
+    AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(path)
+    trainer = build_trainer(small_config(path, tmp_path / "out", synth_tasks=1, dtype="bfloat16"))
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
