@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
-    except (ValueError, FileNotFoundError, ConnectionError) as exc:
-        print(f"atommem {args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, FileNotFoundError, ConnectionError, IsADirectoryError, NotADirectoryError,
+            FileExistsError, PermissionError) as exc:
+        # one line: a library's multi-line message (transformers lists its tokenizer loaders) is joined
+        print(f"atommem {args.command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     finally:
         _close_process_group()

@@ -284,7 +284,10 @@ def load_tokenizer(spec: str | None = None) -> PolicyTokens:
         return WordTokens()
     from transformers import AutoTokenizer
 
-    return HFTokens(AutoTokenizer.from_pretrained(spec), str(spec))
+    try:
+        return HFTokens(AutoTokenizer.from_pretrained(spec), str(spec))
+    except (OSError, ValueError, TypeError) as exc:  # a folder without a tokenizer, a bad hub id
+        raise ValueError(f"tokenizer {spec!r} cannot be loaded: {type(exc).__name__}: {exc}") from None
 
 
 def as_tokens(tokenizer) -> PolicyTokens:

@@ -23,6 +23,18 @@ def positive_int(text: str) -> int:
     return n
 
 
+def at_most(limit: int):
+    """A positive_int no larger than ``limit``: beyond it a run would never finish (10**20 tasks)."""
+
+    def parse(text: str) -> int:
+        n = positive_int(text)
+        if n > limit:
+            raise argparse.ArgumentTypeError(f"expected at most {limit}, got {text!r}")
+        return n
+
+    return parse
+
+
 def nonneg_int(text: str) -> int:
     n = _int(text)
     if n < 0:

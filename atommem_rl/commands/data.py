@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import input_file, output_file, positive_int, seed_int
+from . import at_most, input_file, output_file, positive_int, seed_int
 
 
 def _range(text: str) -> int | tuple[int, int]:
@@ -39,10 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     s = kinds.add_parser("synth", help="generate synthetic memory tasks (deterministic for a seed)")
     s.add_argument("--out", required=True, help="output JSONL file")
-    s.add_argument("--tasks", type=positive_int, default=100, help="number of tasks (default 100)")
+    s.add_argument("--tasks", type=at_most(10**6), default=100, help="number of tasks (default 100)")
     s.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
     s.add_argument("--kind", choices=["documents", "dialogue"], default="documents", help="documents or dialogue sessions")
-    s.add_argument("--docs", type=positive_int, default=20, help="documents (or sessions) per task, e.g. 200 or 800 (default 20)")
+    s.add_argument("--docs", type=at_most(10**5), default=20, help="documents (or sessions) per task, e.g. 200 or 800 (default 20)")
     s.add_argument("--questions", type=_range, default=(1, 3), help="questions per task: N or LO-HI within 1-10 (default 1-3)")
     s.add_argument("--confounders", type=int, default=2, choices=range(0, 9), metavar="C",
                    help="confounder statements per question, 0-8 (default 2)")
@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="output JSONL file")
     p.add_argument("--corpus", default=None, help="passage pool for distractors (hotpotqa/musique; default: the "
                    "*_corpus.json next to --path when present)")
-    p.add_argument("--docs", type=positive_int, default=20, help="documents per task for hotpotqa/musique (default 20)")
+    p.add_argument("--docs", type=at_most(10**5), default=20, help="documents per task for hotpotqa/musique (default 20)")
     p.add_argument("--questions", type=_range, default=1, help="questions packed per task, N or LO-HI (default 1)")
     p.add_argument("--limit", type=positive_int, default=None, help="use at most this many source questions/conversations")
     p.add_argument("--keep-adversarial", action="store_true", help="locomo: keep category-5 questions")

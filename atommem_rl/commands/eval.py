@@ -68,10 +68,11 @@ def checkpoint_names(paths: list[str]) -> dict[str, str]:
     """Each --checkpoint's method name: its folder name, or as many trailing path parts as it takes to
     tell it from the others (runA/grpo and runB/grpo -> runA/grpo, runB/grpo); the same path twice is
     an error, since one of the two would silently not be evaluated."""
-    parts = {c: Path(c).resolve().parts for c in paths}
-    if len(set(parts.values())) < len(parts):
-        dup = next(c for c in paths if list(parts.values()).count(parts[c]) > 1)
-        raise ValueError(f"--checkpoint {dup} is given twice")
+    resolved = [Path(c).resolve().parts for c in paths]
+    for i, p in enumerate(resolved):
+        if p in resolved[:i]:
+            raise ValueError(f"--checkpoint {paths[i]} is given twice")
+    parts = dict(zip(paths, resolved))
     names = {}
     for c, p in parts.items():
         n = 1
