@@ -208,7 +208,7 @@ def parse_recipe_args(config_cls: type, argv: list[str] | None = None, apply_env
         (config,) = parser.parse_args_into_dataclasses(args=argv)
     except argparse.ArgumentError as exc:
         raise RecipeError(f"command line: {exc}") from None
-    except ValueError as exc:
+    except (ValueError, ArithmeticError) as exc:  # a config's own checks divide by a count set to 0
         msg = str(exc)
         if "not used by the HfArgumentParser" in msg:
             raise RecipeError(f"unknown command-line option(s) for {config_cls.__name__}: "
