@@ -81,7 +81,8 @@ def test_store_outage_leaves_mirror_in_sync(tmp_path, namespace):
         before = store.snapshot()
         server.kill()
         writes = [
-            ("adding atoms", lambda: store.create("written while the server is down")),
+            # create asks Chroma which of its new ids are taken before it adds (writer-scoped ids)
+            ("checking new ids", lambda: store.create("written while the server is down")),
             ("updating an atom", lambda: store.update(a.id, "Ann lived in Oslo")),
             ("deleting an atom", lambda: store.delete(a.id)),
             ("relating atoms", lambda: store.relate(b.id, a.id, "conflict")),
