@@ -42,6 +42,9 @@ class Case:
 
 
 # ------------------------------------------------------------------------------------------ task files
+# optional fields whose value is free text (null in the generated task): any string is a valid value
+# (dates too: LoCoMo's are "1:56 pm on 8 May, 2023", shown to the policy as written)
+FREE_TEXT = ("speaker", "date", "title", "fact")
 def _mutations() -> list[tuple[str, dict | str, bool]]:
     """(name, task dict or raw line, must fail) from one good task: every field of the schema deleted
     and given each wrong JSON type, plus duplicate ids and lines that are not task objects."""
@@ -67,8 +70,9 @@ def _mutations() -> list[tuple[str, dict | str, bool]]:
             for tname, v in wrong.items():
                 d = json.loads(json.dumps(good))
                 current = at(d, where).get(key)
-                if type(current) is type(v) or (key == "id" and where in ("", "blocks.0") and tname == "int"):
-                    continue  # the right type, or an id the schema accepts as an int
+                if type(current) is type(v) or (key == "id" and where in ("", "blocks.0") and tname == "int") \
+                        or (key in FREE_TEXT and tname == "string"):
+                    continue  # the right type, an id the schema accepts as an int, or text where text goes
                 at(d, where)[key] = v
                 out.append((f"{where}.{key} {tname}", d, must or v is not None))  # null: optional fields take it
     d = json.loads(json.dumps(good))
@@ -149,13 +153,16 @@ def path_cases(tmp: Path, tasks: Path) -> list[Case]:
 
 
 # --------------------------------------------------------------------------------------- numeric flags
+FLOAT_TYPES = ("nonneg_float", "unit_float", "positive_float", "fraction")
+
+
 def _numeric_flags(parser) -> list[str]:
     flags = []
     for a in parser._actions:
         if not a.option_strings or a.nargs == 0 or a.choices is not None:
             continue
         t = getattr(a.type, "__name__", "")
-        if a.type in (int, float) or t in ("positive_int", "nonneg_int", "seed_int", "nonneg_float", "parse") \
+        if a.type in (int, float) or t in ("positive_int", "nonneg_int", "seed_int", "parse") + FLOAT_TYPES \
                 or isinstance(a.default, (int, float)) and not isinstance(a.default, bool):
             flags.append(a.option_strings[-1])
     return flags
@@ -175,6 +182,10 @@ def number_cases(tasks: Path) -> list[Case]:
         ("eval",): ["eval", "--tasks", str(tasks), "--methods", "oracle,heuristic", "--out", "OUT/e", "--limit", "1",
                     "--chunk-tokens", "96", "--max-prompt-tokens", "2400"],
         ("data", "synth"): ["data", "synth", "--out", "OUT/s.jsonl", "--tasks", "1", "--docs", "2"],
+        # small valid runs: a value that passes measures a few steps (they print to stdout, write nothing)
+        ("bench", "env"): ["bench", "env", "--tokenizer", "words", "--atoms", "50", "--steps", "5", "--warmup", "1",
+                           "--json"],
+        ("bench", "memory"): ["bench", "memory", "--sizes", "40", "--rwr-sizes", "40", "--repeats", "3", "--json"],
     }
     # valid runs of these train, load models or read benchmark data: only values that must be refused
     refuse_only = {("quickstart",): ["quickstart", "--tiny", "--out", "OUT/q", "--skip", "retrieval,eval"],
@@ -190,10 +201,15 @@ def number_cases(tasks: Path) -> list[Case]:
                 names = (flag, flag.lstrip("-").replace("-", "_")) + ((str(tasks),) if path == ("data", "prepare") else ())
                 cases.append(Case(f"number: {' '.join(path)} {flag} {v}", base + [flag, v], names,
                                   must_fail=path == ("quickstart",)))
-    for bench in ("rollout", "extractor", "retrieval"):  # not numbers at all: refused by argparse
-        for flag in _numeric_flags(_subparser("bench", bench)):
-            cases.append(Case(f"number: bench {bench} {flag} nan", ["bench", bench, flag, "nan", "--path", "x"]
-                              if bench == "retrieval" else ["bench", bench, flag, "nan"], (flag,), True))
+    # these load a model or read benchmark data: only values argparse must refuse (NaN, negative, and for
+    # counts a number beyond the flag's limit; a float as large as 1e20 is a valid temperature)
+    for bench in ("rollout", "extractor", "retrieval", "update"):
+        parser = _subparser("bench", bench)
+        floats = {a.option_strings[-1] for a in parser._actions if getattr(a.type, "__name__", "") in FLOAT_TYPES}
+        for flag in _numeric_flags(parser):
+            for v in ("nan", "-1") if flag in floats else ("nan", "-1", "99999999999999999999"):
+                argv = ["bench", bench, flag, v] + (["--path", "x"] if bench == "retrieval" else [])
+                cases.append(Case(f"number: bench {bench} {flag} {v}", argv, (flag,), True))
     return cases
 
 

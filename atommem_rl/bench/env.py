@@ -24,18 +24,20 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..commands import at_most, seed_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--atoms", type=int, default=1000, help="atoms preloaded into memory (default 1000)")
-    parser.add_argument("--steps", type=int, default=200, help="measured steps (default 200)")
-    parser.add_argument("--warmup", type=int, default=10, help="unmeasured steps first (default 10)")
+    parser.add_argument("--atoms", type=at_most(10**6, 0), default=1000, help="atoms preloaded into memory (default 1000)")
+    parser.add_argument("--steps", type=at_most(10**6), default=200, help="measured steps (default 200)")
+    parser.add_argument("--warmup", type=at_most(10**6, 0), default=10, help="unmeasured steps first (default 10)")
     parser.add_argument("--tokenizer", default=None, help="policy tokenizer (default SmolLM2)")
-    parser.add_argument("--chunk-tokens", type=int, default=512)
-    parser.add_argument("--max-prompt-tokens", type=int, default=4096)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--write-behind", type=int, default=None,
+    parser.add_argument("--chunk-tokens", type=at_most(10**6), default=512)
+    parser.add_argument("--max-prompt-tokens", type=at_most(10**7), default=4096)
+    parser.add_argument("--seed", type=seed_int, default=0)
+    parser.add_argument("--write-behind", type=at_most(10**6, 0), default=None,
                         help="writes batched per Chroma call (default: the env's, 64 in memory; 0 = write-through)")
-    parser.add_argument("--exact-below", type=int, default=None,
+    parser.add_argument("--exact-below", type=at_most(10**8, 0), default=None,
                         help="exact in-process reads up to this many atoms (default: the env's, 8192 in memory; 0 = Chroma)")
     parser.add_argument("--compare-write-through", action="store_true",
                         help="also step an env whose every memory operation is a Chroma call (write-through, "

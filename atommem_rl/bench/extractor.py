@@ -17,19 +17,21 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..commands import at_most, seed_int, unit_float
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: the quickstart base model)")
     parser.add_argument("--backend", choices=["hf", "vllm", "openai"], default="hf")
     parser.add_argument("--base-url", default=None)
     parser.add_argument("--model-name", default=None)
-    parser.add_argument("--tasks", type=int, default=6, help="held-out tasks (default 6)")
-    parser.add_argument("--docs", type=int, default=6, help="sessions per task (default 6)")
-    parser.add_argument("--seed", type=int, default=1000)
-    parser.add_argument("--min-f1", type=float, default=0.6)
-    parser.add_argument("--max-new-tokens", type=int, default=384)
-    parser.add_argument("--max-retries", type=int, default=1)
-    parser.add_argument("--gen-batch-size", type=int, default=8)
+    parser.add_argument("--tasks", type=at_most(10**5), default=6, help="held-out tasks (default 6)")
+    parser.add_argument("--docs", type=at_most(10**4), default=6, help="sessions per task (default 6)")
+    parser.add_argument("--seed", type=seed_int, default=1000)
+    parser.add_argument("--min-f1", type=unit_float, default=0.6)
+    parser.add_argument("--max-new-tokens", type=at_most(10**5), default=384)
+    parser.add_argument("--max-retries", type=at_most(100, 0), default=1)
+    parser.add_argument("--gen-batch-size", type=at_most(10**4), default=8)
     parser.add_argument("--samples", default=None, help="write every window's prediction and gold to this JSONL")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 

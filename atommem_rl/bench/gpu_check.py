@@ -42,6 +42,8 @@ import statistics
 import sys
 import time
 
+from ..commands import at_most, fraction, positive_float
+
 # Qwen3 shapes (config.json of the released models); vocab 151,936
 SHAPES = {
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
@@ -64,19 +66,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
     p.add_argument("--tiny", action="store_true", help="tiny shape and small sizes (the CPU logic check)")
     p.add_argument("--dtype", default=None, help="bfloat16 (default on cuda) or float32 (default on cpu)")
-    p.add_argument("--seq-len", type=int, default=4096, help="SFT tokens per row (default 4096)")
-    p.add_argument("--batch", type=int, default=4, help="SFT rows per step (default 4)")
-    p.add_argument("--steps", type=int, default=3, help="measured SFT and GRPO steps each (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured SFT steps first (default 1)")
-    p.add_argument("--prompt-len", type=int, default=1024)
-    p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--rollout-batch", type=int, default=64, help="completions per rollout (default 64)")
-    p.add_argument("--group", type=int, default=16, help="GRPO group size G (default 16)")
-    p.add_argument("--micro-batch", type=int, default=4, help="GRPO update rows per forward/backward (default 4)")
+    p.add_argument("--seq-len", type=at_most(10**6), default=4096, help="SFT tokens per row (default 4096)")
+    p.add_argument("--batch", type=at_most(10**4), default=4, help="SFT rows per step (default 4)")
+    p.add_argument("--steps", type=at_most(10**4), default=3, help="measured SFT and GRPO steps each (default 3)")
+    p.add_argument("--warmup", type=at_most(10**4, 0), default=1, help="unmeasured SFT steps first (default 1)")
+    p.add_argument("--prompt-len", type=at_most(10**6), default=1024)
+    p.add_argument("--new-tokens", type=at_most(10**6), default=256)
+    p.add_argument("--rollout-batch", type=at_most(10**5), default=64, help="completions per rollout (default 64)")
+    p.add_argument("--group", type=at_most(10**4), default=16, help="GRPO group size G (default 16)")
+    p.add_argument("--micro-batch", type=at_most(10**4), default=4, help="GRPO update rows per forward/backward (default 4)")
     p.add_argument("--no-liger", action="store_true", help="do not use liger-kernel even where it imports")
     p.add_argument("--no-vllm", action="store_true", help="do not use vLLM even where it imports")
-    p.add_argument("--vllm-mem", type=float, default=0.3, help="vLLM gpu_memory_utilization (default 0.3)")
-    p.add_argument("--peak-tflops", type=float, default=None, help="peak for MFU (default: H200 bf16 on cuda)")
+    p.add_argument("--vllm-mem", type=fraction, default=0.3, help="vLLM gpu_memory_utilization (default 0.3)")
+    p.add_argument("--peak-tflops", type=positive_float, default=None, help="peak for MFU (default: H200 bf16 on cuda)")
     p.add_argument("--json-out", default=None, help="also write the results as JSON here")
     args = p.parse_args(argv)
     if args.tiny:

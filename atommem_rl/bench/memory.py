@@ -39,6 +39,7 @@ from ..memory.atom import RESERVED_PREFIX, Atom, HistoryEntry, Relation, Role, t
 from ..memory.backends import make_client
 from ..memory.embeddings import HashingEmbedder
 from ..memory.store import COLLECTION_PREFIX, AtomDraft, AtomStore
+from ..commands import at_most, count_list, seed_int
 
 _WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar "
           "papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
@@ -137,7 +138,7 @@ def bench_ops(n_atoms: int, repeats: int = 200, seed: int = 0) -> dict[str, dict
             lambda raw, atoms, i: raw.query(
                 query_embeddings=query_vecs[i : i + 1], n_results=6, include=["distances"],
                 where={"$and": [where, {RESERVED_PREFIX + "participants": {"$contains": who[i]}}]}),
-            max(10, repeats // 10))  # a metadata scan per call: slow at 100k atoms, fewer repeats
+            min(repeats, max(10, repeats // 10)))  # a metadata scan per call: slow at 100k atoms, fewer
     measure("update",
             lambda st, ids, i: st.update(ids[i], fresh[i].text),
             lambda raw, atoms, i: raw.update(ids=[atoms[i].id], documents=[fresh[i].text],
@@ -181,18 +182,16 @@ def run(sizes: list[int], repeats: int, rwr_sizes: list[int], seed: int = 0) -> 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", default="1000,10000,100000",
+    parser.add_argument("--sizes", type=count_list(10**7), default=[1000, 10000, 100000],
                         help="comma-separated store sizes in atoms (default: 1000,10000,100000)")
-    parser.add_argument("--repeats", type=int, default=200, help="timed calls per op and size (default 200)")
-    parser.add_argument("--rwr-sizes", default="10000,100000", help="graph sizes for RWR (default 10000,100000)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=at_most(10**6), default=200, help="timed calls per op and size (default 200)")
+    parser.add_argument("--rwr-sizes", type=count_list(10**7), default=[10000, 100000], help="graph sizes for RWR (default 10000,100000)")
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--json", action="store_true", help="print only the JSON result")
 
 
 def main(args: argparse.Namespace) -> int:
-    sizes = [int(x) for x in args.sizes.split(",") if x]
-    rwr = [int(x) for x in args.rwr_sizes.split(",") if x]
-    result = run(sizes, args.repeats, rwr, args.seed)
+    result = run(args.sizes, args.repeats, args.rwr_sizes, args.seed)
     if args.json:
         print(json.dumps(result))
     else:

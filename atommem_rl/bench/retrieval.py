@@ -28,6 +28,7 @@ from ..data.locomo import CATEGORIES, load_locomo, turn_drafts
 from ..memory.embeddings import Embedder, make_embedder
 from ..memory.retrieval import STRATEGIES, RetrievalConfig, retrieve
 from ..memory.store import AtomStore
+from ..commands import at_most
 
 EVAL_CATEGORIES = (1, 2, 3, 4)
 
@@ -106,13 +107,13 @@ def run(path: str, k: int = 10, strategy: str = "graph", embedder: Embedder | st
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=["locomo"], default="locomo", help="benchmark format (LoCoMo only)")
     parser.add_argument("--path", required=True, help="LoCoMo JSON file, e.g. shared/data/locomo/locomo10.json")
-    parser.add_argument("--k", type=int, default=10, help="retrieved atoms per question (recall@k)")
+    parser.add_argument("--k", type=at_most(10**6), default=10, help="retrieved atoms per question (recall@k)")
     parser.add_argument("--strategy", choices=list(STRATEGIES) + ["all"], default="graph",
                         help="retrieval strategy; 'all' runs every strategy on shared stores")
     parser.add_argument("--embedder", default="minilm",
                         help="minilm (packaged all-MiniLM-L6-v2, default) | hashing[:DIM] | st:PATH | openai:URL#MODEL")
-    parser.add_argument("--limit-conversations", type=int, default=None, help="only the first N conversations")
-    parser.add_argument("--skip-conversations", type=int, default=0, help="skip the first N conversations")
+    parser.add_argument("--limit-conversations", type=at_most(10**6), default=None, help="only the first N conversations")
+    parser.add_argument("--skip-conversations", type=at_most(10**6, 0), default=0, help="skip the first N conversations")
     parser.add_argument("--json", action="store_true", help="print JSON only")
 
 

@@ -32,22 +32,24 @@ import statistics
 import sys
 import time
 
+from ..commands import at_most, nonneg_float, seed_int
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: SmolLM2-135M-Instruct base)")
     parser.add_argument("--backends", default=None,
                         help="comma-separated, from hf,vllm (default: hf, plus vllm when it imports)")
-    parser.add_argument("--tasks", type=int, default=4, help="synthetic document tasks = episodes per run (default 4)")
-    parser.add_argument("--docs", type=int, default=4, help="documents per task (default 4)")
-    parser.add_argument("--questions", type=int, default=1, help="questions per task (default 1)")
-    parser.add_argument("--batch-size", type=int, default=8, help="episodes stepped together (default 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per action at most (default 64)")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--chunk-tokens", type=int, default=256)
-    parser.add_argument("--max-prompt-tokens", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=3, help="measured runs per backend (default 3)")
+    parser.add_argument("--tasks", type=at_most(10**5), default=4, help="synthetic document tasks = episodes per run (default 4)")
+    parser.add_argument("--docs", type=at_most(10**4), default=4, help="documents per task (default 4)")
+    parser.add_argument("--questions", type=at_most(100), default=1, help="questions per task (default 1)")
+    parser.add_argument("--batch-size", type=at_most(10**4), default=8, help="episodes stepped together (default 8)")
+    parser.add_argument("--max-new-tokens", type=at_most(10**5), default=64, help="tokens per action at most (default 64)")
+    parser.add_argument("--temperature", type=nonneg_float, default=0.0)
+    parser.add_argument("--chunk-tokens", type=at_most(10**6), default=256)
+    parser.add_argument("--max-prompt-tokens", type=at_most(10**7), default=2048)
+    parser.add_argument("--repeats", type=at_most(1000), default=3, help="measured runs per backend (default 3)")
     parser.add_argument("--dtype", default="float32", help="model dtype for both backends (default float32)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 

@@ -46,6 +46,8 @@ import sys
 import tempfile
 import time
 
+from ..commands import at_most, nonneg_float, seed_int
+
 LEARNING_SIGNAL_ENV = {"chunk_tokens": 256, "max_prompt_tokens": 2048, "embedder": "hashing", "max_answer_steps": 1,
                        "disable": "update,delete,relations", "reward": "f1"}
 
@@ -53,19 +55,19 @@ LEARNING_SIGNAL_ENV = {"chunk_tokens": 256, "max_prompt_tokens": 2048, "embedder
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="policy folder (default: SmolLM2-135M-Instruct base)")
     parser.add_argument("--tiny", action="store_true", help="a random-weight tiny Llama instead (CI)")
-    parser.add_argument("--episodes", type=int, default=8, help="episodes of the one task, a GRPO group (default 8)")
-    parser.add_argument("--docs", type=int, default=3, help="documents of the task (default 3)")
-    parser.add_argument("--chunk-tokens", type=int, default=256)
-    parser.add_argument("--max-new-tokens", type=int, default=224, help="tokens per step at most (default 224)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="rollout sampling temperature (default 0.8)")
-    parser.add_argument("--max-tokens", type=int, default=8192,
+    parser.add_argument("--episodes", type=at_most(10**4), default=8, help="episodes of the one task, a GRPO group (default 8)")
+    parser.add_argument("--docs", type=at_most(10**4), default=3, help="documents of the task (default 3)")
+    parser.add_argument("--chunk-tokens", type=at_most(10**6), default=256)
+    parser.add_argument("--max-new-tokens", type=at_most(10**5), default=224, help="tokens per step at most (default 224)")
+    parser.add_argument("--temperature", type=nonneg_float, default=0.8, help="rollout sampling temperature (default 0.8)")
+    parser.add_argument("--max-tokens", type=at_most(10**8), default=8192,
                         help="packed: unique tokens per micro-batch at most (max_tokens_per_microbatch; default 8192)")
-    parser.add_argument("--baseline-rows", type=int, default=0, help="baseline: rows per forward (default 0: all)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds of every variant (default 5)")
+    parser.add_argument("--baseline-rows", type=at_most(10**6, 0), default=0, help="baseline: rows per forward (default 0: all)")
+    parser.add_argument("--repeats", type=at_most(1000), default=5, help="timed rounds of every variant (default 5)")
     parser.add_argument("--variants", default=None,
                         help="comma-separated from baseline,packed_all,packed,packed_bf16 (default: all; "
                              "packed_bf16 only where the CPU has native bf16)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 

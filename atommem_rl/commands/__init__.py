@@ -23,14 +23,27 @@ def positive_int(text: str) -> int:
     return n
 
 
-def at_most(limit: int):
-    """A positive_int no larger than ``limit``: beyond it a run would never finish (10**20 tasks)."""
+def at_most(limit: int, minimum: int = 1):
+    """An integer in ``minimum..limit`` (a count, by default at least 1): beyond ``limit`` a run would
+    never finish (10**20 tasks)."""
 
     def parse(text: str) -> int:
-        n = positive_int(text)
+        n = positive_int(text) if minimum == 1 else nonneg_int(text) if minimum == 0 else _int(text)
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"expected at least {minimum}, got {text!r}")
         if n > limit:
             raise argparse.ArgumentTypeError(f"expected at most {limit}, got {text!r}")
         return n
+
+    return parse
+
+
+def count_list(limit: int):
+    """Comma-separated positive integers, each at most ``limit`` ("1000,10000"); empty means none."""
+    one = at_most(limit)
+
+    def parse(text: str) -> list[int]:
+        return [one(x.strip()) for x in text.split(",") if x.strip()]
 
     return parse
 
@@ -56,6 +69,29 @@ def nonneg_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not math.isfinite(x) or x < 0:
         raise argparse.ArgumentTypeError(f"expected a finite non-negative number, got {text!r}")
+    return x
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]: a share of memory, a threshold."""
+    x = nonneg_float(text)
+    if not 0 < x <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}")
+    return x
+
+
+def unit_float(text: str) -> float:
+    """A number in [0, 1]: a score threshold."""
+    x = nonneg_float(text)
+    if x > 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return x
+
+
+def positive_float(text: str) -> float:
+    x = nonneg_float(text)
+    if x == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return x
 
 

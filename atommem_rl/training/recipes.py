@@ -202,7 +202,8 @@ def parse_recipe_args(config_cls: type, argv: list[str] | None = None, apply_env
             os.environ[str(k)] = str(v)
     # exit_on_error=False: a bad command-line value raises (and is reported below, one line naming
     # the option) instead of argparse printing the whole usage and exiting
-    parser = TrlParser([config_cls], exit_on_error=False)
+    # allow_abbrev=False: a misspelt key (--learning_rat) is an unknown option, not a prefix of a real one
+    parser = TrlParser([config_cls], exit_on_error=False, allow_abbrev=False)
     parser.set_defaults_with_config(**values)
     try:
         (config,) = parser.parse_args_into_dataclasses(args=argv)
