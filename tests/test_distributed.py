@@ -9,11 +9,17 @@ depend only on its episode's seed, not on which rows share a generate call (trai
 advantages are computed on the gathered returns; TRL's DAPO loss divides by the global token count
 and DDP averages gradients.
 
-The policy is a tiny random-weight model; one optimiser step is compared (STEPS below says why). The
-GRPO case compares rollouts, rewards, episode metrics, logged loss and the weights after the step.
+The policy is a tiny random-weight model; one optimiser step is compared (STEPS below says why). Its
+episodes would all score 0 (zero GRPO advantages, nothing trained), so both runs go through
+tests/multirank/scripted_returns.py: every episode's return is a fixed function of its own completion
+tokens, the same in one process and on two ranks, different within a group. The tasks are uneven (1 and 3
+documents: 2 and 4 steps per episode), and the two ranks hold different ones, so they finish their
+episodes at different rounds (asserted from the driver's per-rank log); the episodes themselves (prompt and
+completion token ids, hashed) are the same set in both runs.
+The GRPO case compares rollouts, rewards, episode metrics, logged loss and the weights after the step,
+which must have moved.
 The PPO case runs the same step-wise machinery (rollouts, TRL's clipped loss, DDP) with advantages from
-GAE over a critic's values, which are not zero, so there the policy moves (asserted) and the final weights
-are compared for real. ``critic_epochs 0`` keeps the critic fixed: fitting it draws random minibatches
+GAE over a critic's values (and the scripted last-step reward); the policy moves there too (asserted). ``critic_epochs 0`` keeps the critic fixed: fitting it draws random minibatches
 per process (``torch.randperm`` over the local steps), which is not the same computation as one process
 over all steps; that is a known difference of the critic fit, not of the policy update.
 
@@ -59,19 +65,31 @@ def tiny(tmp_path_factory) -> Path:
                       intermediate_size=64)
 
 
-def stage_args(stage: str, model: Path, out: Path, per_device: int) -> list[str]:
+@pytest.fixture(scope="module")
+def uneven_tasks(tmp_path_factory) -> Path:
+    from .multirank.scripted_returns import write_uneven_tasks
+
+    path = tmp_path_factory.mktemp("tasks") / "uneven.jsonl"
+    write_uneven_tasks(str(path), 4)
+    return path
+
+
+DRIVER = str(REPO / "tests/multirank/scripted_returns.py")
+
+
+def stage_args(stage: str, model: Path, out: Path, per_device: int, tasks: Path) -> list[str]:
     extra = ["--critic_epochs", "0"] if stage == "ppo" else []
     return [stage, *extra, "--model_name_or_path", str(model), "--output_dir", str(out), "--use_cpu", "true",
             "--bf16", "false", "--report_to", "none", "--gradient_checkpointing", "false", "--learning_rate", "1e-3",
             "--max_steps", str(STEPS), "--save_steps", str(STEPS), "--logging_steps", "1", "--seed", "0",
-            "--synth_tasks", "4", "--synth_docs", "1", "--synth_questions", "1", "--synth_confounders", "0",
-            "--per_device_train_batch_size", str(per_device), "--num_generations", "2",
+            "--tasks", str(tasks), "--per_device_train_batch_size", str(per_device), "--num_generations", "2",
             "--max_completion_length", "16", "--env_config", ENV_CONFIG]
 
 
-def run(cmd: list[str]) -> None:
+def run(cmd: list[str], log: Path) -> None:
     res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                         env={**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"})
+                         env={**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
+                              "ATOMMEM_SCRIPTED_LOG": str(log)})
     assert res.returncode == 0, res.stderr[-4000:]
 
 
@@ -89,23 +107,32 @@ EXACT = ("episode/steps", "tokens/completion_per_step", "tools/errors_per_step",
 # passed, most likely because equal rewards made that step's advantages, and so its update, zero.
 # tests/test_recipes.py now checks that two ranks start.)
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
-def test_two_gloo_processes_agree_with_one(stage, tiny, tmp_path):
+def test_two_gloo_processes_agree_with_one(stage, tiny, uneven_tasks, tmp_path):
     import torch
     from safetensors.torch import load_file
 
     one, two = tmp_path / "one" / stage, tmp_path / "two" / stage
-    run([sys.executable, "-m", "atommem_rl.cli", *stage_args(stage, tiny, one, per_device=4)])
+    log1, log2 = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    run([sys.executable, DRIVER, *stage_args(stage, tiny, one, 4, uneven_tasks)], log1)
     accelerate = Path(sys.executable).with_name("accelerate")
     run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
-         "--main_process_port", str(free_port()), "-m", "atommem_rl.cli", *stage_args(stage, tiny, two, per_device=2)])
+         "--main_process_port", str(free_port()), DRIVER, *stage_args(stage, tiny, two, 2, uneven_tasks)], log2)
+
+    # the same episodes (token for token) and returns; the ranks' work is uneven
+    eps = [[e for line in log.read_text().splitlines() for e in json.loads(line)["episodes"]] for log in (log1, log2)]
+    assert sorted((e["digest"], e["return"]) for e in eps[0]) == sorted((e["digest"], e["return"]) for e in eps[1])
+    assert len({e["return"] for e in eps[0]}) > 1  # scripted returns differ: non-zero advantages
+    per_rank = {}
+    for line in log2.read_text().splitlines():
+        rec = json.loads(line)
+        per_rank.setdefault(rec["rank"], []).extend(e["steps"] for e in rec["episodes"])
+    assert sorted(per_rank) == [0, 1] and sum(per_rank[0]) != sum(per_rank[1]), per_rank
 
     h1, h2 = history(one), history(two)
     assert set(h1) == set(h2) == set(range(1, STEPS + 1))
-    assert h2[1]["skipped_zero_advantage"] == (1.0 if stage == "grpo" else 0.0)
+    assert h1[1]["skipped_zero_advantage"] == h2[1]["skipped_zero_advantage"] == 0.0
     for s in h1:
         for k, v in h1[s].items():
-            # skipped_zero_advantage is compared too: under DDP the ranks skip together (grpo: every
-            # episode of this tiny model scores the same, so both runs skip; ppo: neither does)
             if (not isinstance(v, (int, float)) or k in ("step", "epoch") or "time" in k
                     or "per_second" in k):
                 continue
@@ -119,8 +146,8 @@ def test_two_gloo_processes_agree_with_one(stage, tiny, tmp_path):
     w0 = load_file(tiny / "model.safetensors")
     w1, w2 = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     assert w1.keys() == w2.keys()
-    if stage == "ppo":  # GAE advantages from the critic are not zero: the update must move the policy
-        assert max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0) > 1e-4
+    # the update moved the policy: Adam's first step is about lr = 1e-3 per weight
+    assert max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0) > 1e-4
     # Adam's first step moves each weight by lr * g / (|g| + eps): +-lr wherever |g| >> eps, but for the
     # few weights whose gradient is comparable to eps the step depends on the gradient's rounding (seen:
     # one embedding row moved 0.74 lr in one process and 0.72 lr on two ranks). So: every weight within
