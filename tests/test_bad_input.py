@@ -199,6 +199,7 @@ def test_phase_marker_is_not_trusted_when_its_output_changed(tmp_path):
     ({"questions.0.answers": []}, "questions[0].answers"),
     ({"blocks.0.units.0.text": None}, "blocks[0].units[0].text"),
     ({"questions.0.evidence": [3]}, "questions[0].evidence[0]"),
+    ({"questions.0.evidence": ["D9.s9"]}, "questions[0].evidence: no unit has id 'D9.s9'"),
     ({"blocks.0.units.0.role": "gold"}, "blocks[0].units[0].role"),
     ({"blocks": "D1"}, "blocks"),
 ])

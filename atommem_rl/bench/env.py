@@ -28,7 +28,8 @@ from ..commands import at_most, seed_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--atoms", type=at_most(10**6, 0), default=1000, help="atoms preloaded into memory (default 1000)")
+    parser.add_argument("--atoms", type=at_most(10**6, 2), default=1000,
+                        help="atoms preloaded into memory, at least 2 (relations need a pair; default 1000)")
     parser.add_argument("--steps", type=at_most(10**6), default=200, help="measured steps (default 200)")
     parser.add_argument("--warmup", type=at_most(10**6, 0), default=10, help="unmeasured steps first (default 10)")
     parser.add_argument("--tokenizer", default=None, help="policy tokenizer (default SmolLM2)")

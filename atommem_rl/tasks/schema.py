@@ -177,6 +177,7 @@ def validate(d: Any) -> None:
                 raise ValueError(f"blocks[{bi}].units[{ui}].role: expected one of {', '.join(ROLES)}, got {u['role']!r}")
             units.append(u["id"])
     _unique(units, "unit")
+    unit_ids = set(units)
     if not d["questions"]:
         raise ValueError("questions: the task has none")
     for qi, q in enumerate(d["questions"]):
@@ -185,6 +186,11 @@ def validate(d: Any) -> None:
             raise ValueError(f"questions[{qi}].question: empty")
         _strings(q["answers"], f"questions[{qi}].answers", non_empty=True)
         _strings(q.get("evidence") or [], f"questions[{qi}].evidence", non_empty=True)
+        # evidence names units of this task: an id that is none (a typo, another task's) would make
+        # evidence recall and the evidence bonus silently 0 for the question
+        unknown = [e for e in q.get("evidence") or [] if e not in unit_ids]
+        if unknown:
+            raise ValueError(f"questions[{qi}].evidence: no unit has id {unknown[0]!r}")
     _unique([q["id"] for q in d["questions"]], "question")
     for ri, r in enumerate(d.get("relations") or []):
         _fields(r, _RELATION, f"relations[{ri}]")
