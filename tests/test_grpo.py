@@ -47,11 +47,29 @@ def small_config(tiny, out, cls=GRPORecipeConfig, **kw) -> GRPORecipeConfig:
     return cls(**base)
 
 
+@pytest.fixture
+def scripted_returns(monkeypatch):
+    """Episode returns from the episode's own tokens (tests/multirank/scripted_returns.py): a group's
+    episodes score differently, so GRPO's advantages are not zero (the tiny model's real returns all are)."""
+    from atommem_rl.training.grpo import StepwiseGRPOTrainer
+
+    from .multirank.scripted_returns import install
+
+    monkeypatch.setattr(StepwiseGRPOTrainer, "_run_episodes", StepwiseGRPOTrainer._run_episodes)  # undone after
+    install()
+
+
 @pytest.mark.slow
-def test_grpo_trains_and_writes_a_loadable_checkpoint(tiny, tmp_path):
+def test_grpo_trains_and_writes_a_loadable_checkpoint(tiny, tmp_path, scripted_returns):
+    from safetensors.torch import load_file
+
     summary = train(small_config(tiny, tmp_path / "grpo"))
     assert summary["global_step"] == 1
     ckpt = tmp_path / "grpo" / "checkpoint-1"
+    history = json.loads((ckpt / "trainer_state.json").read_text())["log_history"][0]
+    assert history["skipped_zero_advantage"] == 0.0 and history["reward_std"] > 0
+    w0, w1 = load_file(tiny / "model.safetensors"), load_file(ckpt / "model.safetensors")
+    assert max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0) > 1e-4  # lr 1e-3: Adam's first step
     assert (ckpt / "model.safetensors").exists() and (ckpt / "trainer_state.json").exists()
     history = json.loads((ckpt / "trainer_state.json").read_text())["log_history"][0]
     for key in ("reward", "episode/steps", "ops/create_per_step", "tools/errors_per_step"):

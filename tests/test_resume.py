@@ -17,9 +17,10 @@ the same operations run in the same order on restored data order, RNG state, opt
 so the runs agree to float rounding (observed: identical); a data order that is not restored (e.g.
 TRL's RepeatSampler restarting its permutation stream in a resumed epoch) moves the rewards and the
 weights far beyond this. GRPO/PPO rollouts use seeded sampling (training/seeded_sampling.py).
-With a random-weight policy every GRPO episode scores 0, so GRPO's weights do not move and its case
-checks data order and rollouts through the logged episode metrics; PPO's GAE advantages are not zero,
-so its case also checks that the policy moved and that policy and critic weights match.
+A random-weight policy's GRPO episodes would all score 0 (zero advantages, no update), so every run goes
+through tests/multirank/scripted_returns.py: each episode's return is a fixed function of its own
+completion tokens, so the advantages are not zero, and both stages check that the policy moved (and, for
+PPO, that policy and critic weights match).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def policy(tmp_path_factory) -> Path:
 
 
 def command(stage: str, tiny: Path, out: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "atommem_rl.cli", stage, "--model_name_or_path", str(tiny), "--output_dir", str(out),
+    cmd = [sys.executable, str(REPO / "tests/multirank/scripted_returns.py"), stage,
+           "--model_name_or_path", str(tiny), "--output_dir", str(out),
            "--use_cpu", "true", "--bf16", "false", "--report_to", "none", "--gradient_checkpointing", "false",
            "--learning_rate", "1e-3", "--max_steps", str(MAX_STEPS), "--save_steps", "1", "--logging_steps", "1",
            "--seed", "0", "--resume_from_checkpoint", "true"]
@@ -116,11 +118,16 @@ def assert_same_weights(a: Path, b: Path, atol: float = 1e-5) -> None:
         torch.testing.assert_close(wa[k], wb[k], rtol=0, atol=atol, msg=k)
 
 
-def resume_matches_uninterrupted(stage: str, tiny: Path, tmp_path: Path) -> None:
-    from atommem_rl.cli import main
+def resume_matches_uninterrupted(stage: str, tiny: Path, tmp_path: Path, monkeypatch) -> None:
+    from atommem_rl.training.grpo import StepwiseGRPOTrainer
+
+    from .multirank.scripted_returns import main
+
+    monkeypatch.setattr(StepwiseGRPOTrainer, "_run_episodes", StepwiseGRPOTrainer._run_episodes)  # undone after
 
     full, part = tmp_path / "full" / stage, tmp_path / "part" / stage
-    assert main(command(stage, tiny, full)[3:]) == 0  # the reference, in this process (no second start-up)
+    # the reference, in this process (no second start-up); main installs the scripted returns first
+    assert main(command(stage, tiny, full)[2:]) == 0
     kill_after_first_checkpoint(command(stage, tiny, part), part)
     done = [int(p.parent.name.split("-")[1]) for p in part.glob("checkpoint-*/trainer_state.json")]
     resume_point = max(done)
@@ -144,16 +151,17 @@ def resume_matches_uninterrupted(stage: str, tiny: Path, tmp_path: Path) -> None
         for k in keys:
             assert h_part[s][k] == pytest.approx(h_full[s][k], rel=1e-4, abs=1e-6), (s, k)
     assert_same_weights(full / "model.safetensors", part / "model.safetensors")
-    if stage == "ppo":  # GAE advantages are not zero: the policy moved, and the critic was fitted
-        from safetensors.torch import load_file
+    from safetensors.torch import load_file
 
-        w0, w1 = load_file(tiny / "model.safetensors"), load_file(full / "model.safetensors")
-        assert max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0) > 1e-4
+    w0, w1 = load_file(tiny / "model.safetensors"), load_file(full / "model.safetensors")
+    assert max((w1[k] - w0[k]).abs().max().item() for k in w1 if k in w0) > 1e-4  # the policy moved
+    assert all(h_full[s]["skipped_zero_advantage"] == 0.0 for s in h_full)
+    if stage == "ppo":  # the critic was fitted
         assert "critic/value_loss" in keys
         assert_same_weights(full / "critic" / "model.safetensors", part / "critic" / "model.safetensors")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
-def test_sigkill_resume_matches_uninterrupted(stage, policy, tmp_path):
-    resume_matches_uninterrupted(stage, policy, tmp_path)
+def test_sigkill_resume_matches_uninterrupted(stage, policy, tmp_path, monkeypatch):
+    resume_matches_uninterrupted(stage, policy, tmp_path, monkeypatch)
