@@ -34,6 +34,7 @@ Launch:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -51,6 +52,7 @@ from envs.core import OPS
 from ..rollout import run_rollouts
 from ..tasks.schema import Task
 from .recipes import CHECKPOINTS, parse_recipe_args
+from .packing import step_group_ids
 from .rounds import TrainerPolicy
 from .task_source import TaskSource, load_train_tasks, resolve_path, task_rows
 
@@ -98,6 +100,19 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "micro-batches, so with several tasks per step a group whose episodes all scored the same costs "
                 "no forward/backward and does not dilute the token-mean loss. False: TRL's batch, all samples."})
 
+    max_tokens_per_microbatch: int = field(default=0, metadata={
+        "help": "Packed policy update (training/packing.py): the generation batch's trained step samples are folded "
+                "into prefix tries (TRL's TreeRow) of at most this many unique tokens per forward/backward, a sample "
+                "in the micro-batch that holds its group (task, step); the loss is TRL's, with the same global "
+                "token normalisation. Every rank runs the same number of packed micro-batches (empty ones pad). "
+                "0: TRL's padded rows, cut by row counts (the recorded runs). Needs loss_type dapo, cispo or vespo; "
+                "one process or DDP (not DeepSpeed or FSDP yet)."})
+    loss_weighting: str = field(default="token", metadata={
+        "help": "token: every trained token of the generation batch weighs the same (TRL's dapo global token "
+                "mean; an episode weighs as many tokens as it produced); episode: every episode weighs the same "
+                "whatever its number of steps (its tokens share 1/episodes). episode needs beta 0 and loss_type "
+                "dapo, cispo or vespo; rows or packing alike."})
+
     def __post_init__(self):
         if self.output_dir is None:
             self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "grpo")
@@ -106,6 +121,12 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
         super().__post_init__()
         if self.scale_rewards not in ("none", "group", "batch"):
             raise ValueError(f"scale_rewards must be none, group or batch, got {self.scale_rewards!r}")
+        if self.max_tokens_per_microbatch is None:
+            self.max_tokens_per_microbatch = 0
+        if self.max_tokens_per_microbatch < 0 or self.max_tokens_per_microbatch == 1:
+            raise ValueError(f"max_tokens_per_microbatch must be 0 (off) or at least 2, got {self.max_tokens_per_microbatch}")
+        if self.loss_weighting not in ("token", "episode"):
+            raise ValueError(f"loss_weighting must be token or episode, got {self.loss_weighting!r}")
 
 
 def group_advantages(returns: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
@@ -135,6 +156,7 @@ def step_samples(episodes: list[list[tuple]], advantages: list[float | list[floa
     return out
 
 
+GLOBAL_TOKEN_LOSSES = ("dapo", "cispo", "vespo")  # TRL's losses normalised by the generation batch's token count
 IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
@@ -190,8 +212,36 @@ def refuse_unsupported(config, peft_config=None) -> None:
         # ranks hold different numbers of active episodes at a step
         errors.append("vllm_mode colocate with vllm_tensor_parallel_size > 1 is not supported by the step-wise "
                       "trainer (ranks hold different numbers of episodes); use vllm_mode server")
+    packing = bool(getattr(config, "max_tokens_per_microbatch", 0))
+    episode = getattr(config, "loss_weighting", "token") == "episode"
+    loss_type = getattr(config, "loss_type", "dapo")
+    if (packing or episode) and loss_type not in GLOBAL_TOKEN_LOSSES:
+        # the others normalise per micro-batch (row counts), which packing changes
+        errors.append(f"max_tokens_per_microbatch / loss_weighting episode need loss_type in "
+                      f"{', '.join(GLOBAL_TOKEN_LOSSES)} (normalised over the whole generation batch), got {loss_type!r}")
+    if episode and getattr(config, "beta", 0.0) != 0.0:
+        errors.append("loss_weighting episode with beta > 0 is not supported (the KL term would stay a token mean)")
+    if packing and (getattr(config, "top_entropy_quantile", 1.0) < 1.0 or getattr(config, "entropy_coef", 0.0)
+                    or getattr(config, "use_adaptive_entropy", False)):
+        errors.append("max_tokens_per_microbatch with top_entropy_quantile < 1 or an entropy bonus is not supported "
+                      "(TRL takes both per micro-batch); set max_tokens_per_microbatch: 0")
     if errors:
         raise ValueError("; ".join(errors))
+
+
+def refuse_unsupported_packing(trainer) -> None:
+    """Packed updates need settings only known once the trainer is built."""
+    from accelerate.utils import DistributedType
+
+    if not getattr(trainer.args, "max_tokens_per_microbatch", 0):
+        return
+    kind = trainer.accelerator.distributed_type
+    if kind not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        raise ValueError(f"max_tokens_per_microbatch runs on one process or DDP, not under {kind.value} yet "
+                         "(several backwards per micro-step and the LM head read outside its module's forward); "
+                         "set max_tokens_per_microbatch: 0")
+    if trainer.aux_loss_enabled:
+        raise ValueError("max_tokens_per_microbatch does not carry the MoE router auxiliary loss; set it to 0")
 
 
 class StepwiseGRPOTrainer(GRPOTrainer):
@@ -207,6 +257,9 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.env_config = dict(env_config or {})
         self.rollout_batch_size = rollout_batch_size
+        refuse_unsupported_packing(self)
+        self._packed = None  # the packed micro-batch being scored (see _get_per_token_logps_and_entropies)
+        self._sample_meta: list[tuple] = []  # (episode, group) of each row of the last generation batch
 
     def _get_train_sampler(self, dataset=None):
         """TRL's RepeatSampler, reseeded per epoch (see :class:`EpochRepeatSampler`)."""
@@ -249,14 +302,19 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         all_returns = self.accelerator.gather(returns)
         samples = step_samples(episodes, self._advantages(recs, episodes, all_returns, group))
         sample_returns = [float(r.get("return", 0.0)) for r, steps in zip(recs, episodes) for _ in steps]
+        # (local episode, group) of each sample: the group (task, step) is what packing shares a prefix over
+        meta = list(zip([e for e, steps in enumerate(episodes) for _ in steps], step_group_ids(episodes, group),
+                        strict=True))
         # logged per step taken, dropped or not
         n_steps, completion_tokens = len(samples), sum(len(s[1]) for s in samples)
         if mode == "train" and getattr(self.args, "drop_zero_advantage", False) and samples:
             keep = [i for i, s in enumerate(samples) if s[3]]
             self._metrics[mode]["samples_kept"].append(len(keep) / len(samples))
             samples, sample_returns = [samples[i] for i in keep], [sample_returns[i] for i in keep]
+            meta = [meta[i] for i in keep]
         n_real = len(samples)
         samples = samples + [self._masked_sample()] * (self._local_rows(n_real, mode) - n_real)
+        self._sample_meta = meta + [(None, None)] * (len(samples) - n_real)
 
         pad_id = self._tokenizer.pad_token_id
         prompt_ids = pad([torch.tensor(s[0]) for s in samples], padding_value=pad_id, padding_side="left").to(device)
@@ -269,6 +327,8 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                               padding_value=0, padding_side="right").to(device)
         adv = torch.tensor([0.0 if s[3] is None else s[3] for s in samples], dtype=torch.float32, device=device)
         num_items_in_batch = self.accelerator.gather(completion_mask.sum()).sum()
+        if getattr(self.args, "loss_weighting", "token") == "episode" and mode == "train":
+            adv = adv * self._episode_scale(completion_mask, num_items_in_batch)
 
         output: dict[str, Any] = {
             "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
@@ -284,6 +344,134 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                 self._logs["rewards"][name].extend(gather_object(sample_returns))
             self._logs["advantages"].extend(gather_object([float(s[3]) for s in real]))
         return output
+
+    def _episode_scale(self, completion_mask: torch.Tensor, num_items_in_batch: torch.Tensor) -> torch.Tensor:
+        """``loss_weighting: episode``: per-row factor N / (E x n_e) on the advantages (N trained tokens and E
+        episodes with trained tokens over all ranks, n_e the trained tokens of the row's episode). TRL's
+        losses of GLOBAL_TOKEN_LOSSES are linear in the advantage for a positive factor (clipping and
+        masks read its sign only), so the token-mean loss becomes the mean over episodes of each episode's
+        token mean. An episode lives on one rank, so n_e is local."""
+        tokens = completion_mask.sum(dim=1).float()
+        per_episode: dict[int, float] = {}
+        for (e, _), n in zip(self._sample_meta, tokens.tolist(), strict=True):
+            if e is not None:
+                per_episode[e] = per_episode.get(e, 0.0) + n
+        local = torch.tensor([float(sum(1 for n in per_episode.values() if n))], device=tokens.device)
+        episodes = self.accelerator.gather(local).sum().clamp(min=1.0)
+        n_e = torch.tensor([per_episode.get(e, 0.0) if e is not None else 0.0 for e, _ in self._sample_meta],
+                           device=tokens.device)
+        scale = num_items_in_batch.float() / (episodes * n_e.clamp(min=1.0))
+        return torch.where(n_e > 0, scale, torch.zeros_like(scale))
+
+    # -- packed policy update (max_tokens_per_microbatch > 0): see training/packing.py
+    def _prepare_inputs(self, generation_batch):
+        """TRL's buffering of one generation batch over ``steps_per_generation`` micro-steps, except that with
+        packing each micro-step gets a list of packed micro-batches instead of a slice of rows."""
+        if not (getattr(self.args, "max_tokens_per_microbatch", 0) and self.model.training):
+            return super()._prepare_inputs(generation_batch)
+        spg = self.args.steps_per_generation
+        if self._step % (spg * self.num_iterations) == 0 or self._buffered_inputs is None:
+            self._buffered_inputs = self._pack_generation_batch(self._generate_and_score_completions(generation_batch))
+        return self._buffered_inputs[self._step % spg]
+
+    def _pack_generation_batch(self, output: dict[str, Any]) -> list[dict[str, Any]]:
+        """The rows of a generation batch packed under the token budget (padding rows and rows without
+        trained tokens left out), the packed micro-batches padded with empty ones to the largest count of
+        any rank (and at least steps_per_generation), then dealt in order to the micro-steps: micro-step j
+        gets the same number of them on every rank. Each carries the row tensors of its samples for
+        TRL's loss (``rows``) and its packed layout (``packed``)."""
+        from .packing import microbatch_inputs, pad_microbatches, plan_microbatches, tree_samples
+
+        spg = self.args.steps_per_generation
+        trained = (output["completion_mask"].sum(dim=1) > 0).tolist()
+        pick = [i for i, t in enumerate(trained) if t]
+        pad_id = self._tokenizer.pad_token_id
+        lengths = output["completion_mask"].size(1)
+        samples = []
+        for i in pick:
+            prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
+            n = int(output["completion_mask"][i].sum())
+            samples.append((prompt, output["completion_ids"][i][:n].tolist(), None, 1.0))
+        tree = tree_samples(samples, [self._sample_meta[i][1] for i in pick])
+        for s, i in zip(tree, pick, strict=True):
+            s["index"] = i
+        plan = plan_microbatches(tree, self.args.max_tokens_per_microbatch)
+        count = max(len(plan), spg)
+        if self.accelerator.num_processes > 1:
+            count = int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
+        plan = pad_microbatches(plan, count)
+        device = self.accelerator.device
+        per_row = {k: v for k, v in output.items() if torch.is_tensor(v) and v.dim() > 0}
+        # TRL's loss gathers per-row metrics: the k-th micro-batch holds the same number of rows on every rank
+        # (the largest; extra rows are copies of row 0 with their mask cleared, as the row path pads)
+        sizes = torch.tensor([max(len(r.samples), 1) for r in plan], device=device)
+        if self.accelerator.num_processes > 1:
+            sizes = self.accelerator.gather(sizes).view(self.accelerator.num_processes, -1).max(dim=0).values
+        micro = []
+        for row, size in zip(plan, sizes.tolist(), strict=True):
+            idx = [s["index"] for s in row.samples]
+            real = torch.tensor([True] * len(idx) + [False] * (size - len(idx)), device=device)
+            idx = idx + [0] * (size - len(idx))
+            rows = {k: v[idx] for k, v in per_row.items()}
+            rows.update({k: v for k, v in output.items() if k not in per_row})
+            rows["completion_mask"] = rows["completion_mask"] * real[:, None]
+            rows["advantages"] = torch.where(real, rows["advantages"], torch.zeros_like(rows["advantages"]))
+            packed = microbatch_inputs(row, pad_id, device)
+            # each loss term's (row in ``rows``, completion position): a sample's terms are consecutive
+            seg = packed["segment_id"]
+            starts = torch.cumsum(torch.bincount(seg, minlength=max(len(row.samples), 1)), 0)
+            starts = torch.cat([starts.new_zeros(1), starts[:-1]])
+            packed["term_at"] = (seg, torch.arange(seg.numel(), device=seg.device) - starts[seg])
+            packed["shape"] = (len(idx), lengths)
+            micro.append({"rows": rows, "packed": packed})
+        per_step = [micro[j * count // spg:(j + 1) * count // spg] for j in range(spg)]
+        self._metrics["train"]["packing/forwarded_tokens"].append(float(sum(m["packed"]["forwarded_tokens"]
+                                                                            for m in micro)))
+        self._metrics["train"]["packing/microbatches"].append(float(count))
+        return [{"packed_microbatches": ms, "advantages": torch.cat([m["rows"]["advantages"] for m in ms])}
+                for ms in per_step]
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **kwargs):
+        """TRL's, except while a packed micro-batch is scored (``self._packed``): its log-probabilities (and
+        entropies) from one forward over the packed row, laid out as TRL's (rows x completion positions)."""
+        if self._packed is None:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **kwargs)
+        from .packing import packed_logprobs
+
+        packed = self._packed
+        inner = self.accelerator.unwrap_model(model)
+        wrapped = model if model is not inner else None
+        with self.accelerator.autocast():
+            lp, ent = packed_logprobs(inner, packed, temperature=self.temperature, forward_model=wrapped,
+                                      with_entropy=True)
+        b, t = packed["term_at"]
+        logps = lp.new_zeros(packed["shape"]).index_put((b, t), lp.float())
+        entropies = ent.detach().new_zeros(packed["shape"]).index_put((b, t), ent.detach().float()) \
+            if compute_entropy else None
+        return logps, entropies, None
+
+    def _packed_loss(self, model, inputs) -> torch.Tensor:
+        """TRL's loss over each packed micro-batch of this micro-step: all but the last are backpropagated
+        here (without gradient synchronisation), the last is returned for the Trainer's backward, which
+        synchronises on the accumulation boundary as usual."""
+        total = None
+        parts = inputs["packed_microbatches"]
+        for k, part in enumerate(parts):
+            self._packed = part["packed"]
+            try:
+                loss = super().compute_loss(model, part["rows"])
+            finally:
+                self._packed = None
+            if k == len(parts) - 1:
+                return loss if total is None else loss + total
+            sync_off = self.accelerator.no_sync(model) if self.accelerator.sync_gradients else contextlib.nullcontext()
+            with sync_off:
+                self.accelerator.backward(loss)
+            total = loss.detach() if total is None else total + loss.detach()
+        raise RuntimeError("a micro-step without packed micro-batches")
 
     def _masked_sample(self) -> tuple:
         """A one-token row with no loss: pads a rank's batch to the row count every rank holds."""
@@ -373,6 +561,8 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             return torch.stack([p.sum() for p in params]).sum() * 0.0
         if self.model.training:
             self._metrics["train"]["skipped_zero_advantage"].append(0.0)
+        if "packed_microbatches" in inputs:
+            return self._packed_loss(model, inputs)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _all_advantages_zero(self, inputs) -> bool:

@@ -164,31 +164,48 @@ def _causal_lm_parts(model):
 
 
 def packed_logprobs(model, inputs: dict[str, Any], *, temperature: float = 1.0, score: str = "trained",
-                    attn_implementation: str | None = None) -> torch.Tensor:
+                    attn_implementation: str | None = None, forward_model=None, with_entropy: bool = False):
     """Log-probability (M,) of every loss term of a packed micro-batch, from one forward over its row.
 
     ``score="trained"``: the LM head runs only at the positions whose next token is trained (a position
     shared by several samples is scored once and read by all of them); ``"all"``: at every position, as
-    TRL's fused head does off Triton devices."""
+    TRL's fused head does off Triton devices. ``forward_model``: a wrapper of ``model`` (DDP) whose forward
+    must run so its gradient hooks fire: the whole causal LM is called through it (its LM head on one
+    position only) and the backbone's output is taken with a forward hook. ``with_entropy``: also the
+    entropy (M,) of each term's distribution (TRL logs it); returns (logps, entropies) then."""
     if score not in ("trained", "all"):
         raise ValueError(f"score must be 'trained' or 'all', got {score!r}")
     backbone, head, softcap = _causal_lm_parts(model)
     name = attn_implementation or tree_attention_name(inputs["input_ids"].device)
+    call = dict(input_ids=inputs["input_ids"][None], position_ids=inputs["position_ids"][None], use_cache=False,
+                **tree_kwargs(inputs))
     with attention_implementation(model, name):
-        hidden = backbone(input_ids=inputs["input_ids"][None], position_ids=inputs["position_ids"][None],
-                          use_cache=False, **tree_kwargs(inputs)).last_hidden_state[0]
+        if forward_model is None:
+            hidden = backbone(**call).last_hidden_state[0]
+        else:
+            captured = []
+            hook = backbone.register_forward_hook(lambda _m, _a, out: captured.append(out.last_hidden_state))
+            try:
+                forward_model(**call, logits_to_keep=1)
+            finally:
+                hook.remove()
+            hidden = captured[-1][0]
     labels = inputs["shift_labels"].to(head.weight.device)
     hidden = hidden.to(head.weight.device)
-    scored = labels != -100
+    outputs = ("entropy",) if with_entropy else ()
     if score == "trained":
+        scored = labels != -100
         # loss term -> its position's rank among the scored positions
-        rank = torch.cumsum(scored, 0) - 1
-        lp = ChunkedLogProbFunction.apply(hidden[scored], head.weight, head.bias, labels[scored], temperature,
-                                          VOCAB_CHUNK, softcap, 1.0, ("log_probs",))[0]
-        return lp[rank[inputs["token_index"]]]
-    lp = ChunkedLogProbFunction.apply(hidden, head.weight, head.bias, labels.clamp(min=0), temperature,
-                                      VOCAB_CHUNK, softcap, 1.0, ("log_probs",))[0]
-    return lp[inputs["token_index"]]
+        rank = (torch.cumsum(scored, 0) - 1)[inputs["token_index"]]
+        res = ChunkedLogProbFunction.apply(hidden[scored], head.weight, head.bias, labels[scored], temperature,
+                                           VOCAB_CHUNK, softcap, 1.0, outputs)
+    else:
+        rank = inputs["token_index"]
+        res = ChunkedLogProbFunction.apply(hidden, head.weight, head.bias, labels.clamp(min=0), temperature,
+                                           VOCAB_CHUNK, softcap, 1.0, outputs)
+    if with_entropy:
+        return res[0][rank], res[1][rank]
+    return res[0][rank]
 
 
 def per_sample_logprobs(logps: torch.Tensor, inputs: dict[str, Any], n_samples: int) -> list[list[float]]:
