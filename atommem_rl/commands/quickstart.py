@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from ..pipeline.quickstart import BASELINES, QuickstartConfig
-from . import output_dir, positive_int, seed_int
+from . import at_most, output_dir, seed_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,15 +34,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE", help="override a GRPO recipe field")
     p.add_argument("--eval-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override an evaluation setting (atommem_rl.eval.methods.EvalSettings)")
-    p.add_argument("--heldout-tasks", type=positive_int, default=d.heldout_tasks, help=f"held-out tasks (default {d.heldout_tasks})")
+    p.add_argument("--heldout-tasks", type=at_most(10**5), default=d.heldout_tasks, help=f"held-out tasks (default {d.heldout_tasks})")
     p.add_argument("--heldout-seed", type=seed_int, default=d.heldout_seed, help=f"seed of the held-out tasks (default {d.heldout_seed})")
     p.add_argument("--methods", default=BASELINES, help=f"baselines evaluated beside the checkpoints (default {BASELINES})")
     p.add_argument("--checkpoints", default=d.checkpoints, help=f"checkpoints evaluated (default {d.checkpoints})")
     p.add_argument("--locomo", default=None, help="LoCoMo JSON file (default: $ATOMMEM_DATA_DIR or ../shared/data "
                    "next to the repository, locomo/locomo10.json)")
-    p.add_argument("--conversations", type=positive_int, default=d.conversations,
+    p.add_argument("--conversations", type=at_most(10**4), default=d.conversations,
                    help=f"LoCoMo conversations for the retrieval phase (default {d.conversations}; all 10: 4.5 min)")
-    p.add_argument("--k", type=positive_int, default=d.k, help="recall@k (default 10)")
+    p.add_argument("--k", type=at_most(10**4), default=d.k, help="recall@k (default 10)")
     p.add_argument("--embedder", default=d.embedder, help="retrieval phase: minilm | hashing[:DIM] | st:PATH | openai:URL#MODEL")
     p.add_argument("--backend", default=d.backend, choices=("hf", "vllm"),
                    help="generation backend of the evaluated models (default hf; vllm: scripts/setup_vllm.sh, run "
