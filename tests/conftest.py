@@ -25,7 +25,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# the benchmark files shipped with the package (atommem_rl/data/benchmarks), never a folder beside the repository
+DATA = REPO / "atommem_rl" / "data" / "benchmarks"
 
 
 def free_port() -> int:

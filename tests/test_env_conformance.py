@@ -16,9 +16,8 @@ from envs.documents import DocumentEnv
 from envs.parser import format_tool_call as tc
 from envs.tokens import load_tokenizer
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not DATA.exists():
-    DATA = Path("/work/shared/data")
+from .conftest import DATA
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

@@ -19,7 +19,7 @@ from atommem_rl.policies.heuristic import HeuristicPolicy
 from atommem_rl.tasks.schema import save_tasks
 from atommem_rl.tasks.synth import generate_tasks
 
-from .conftest import REPO, SHARED_DATA
+from .conftest import REPO, DATA
 
 
 @pytest.fixture(scope="module")
@@ -271,9 +271,9 @@ def test_real_subsets_every_method(tmp_path, tiny):
     """The shared HotpotQA and LoCoMo subsets, every method, the tiny model (a few minutes on 2 cores)."""
     from atommem_rl.tasks.prepare import prepare_hotpotqa, prepare_locomo
 
-    hp = prepare_hotpotqa(SHARED_DATA / "hotpotqa" / "hotpotqa_train_100.json", docs=10, questions=2, limit=4)[:1]
+    hp = prepare_hotpotqa(DATA / "hotpotqa" / "hotpotqa_train_100.json", docs=10, questions=2, limit=4)[:1]
     save_tasks(hp, tmp_path / "hotpotqa.jsonl")
-    lc = prepare_locomo(SHARED_DATA / "locomo" / "locomo10.json", limit=1)
+    lc = prepare_locomo(DATA / "locomo" / "locomo10.json", limit=1)
     save_tasks(lc[:1], tmp_path / "locomo.jsonl")
     out = tmp_path / "eval"
     r = _atommem("--tasks", str(tmp_path / "hotpotqa.jsonl"), str(tmp_path / "locomo.jsonl"), "--max-blocks", "3",

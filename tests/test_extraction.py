@@ -23,7 +23,7 @@ from atommem_rl.extraction.schema import SchemaError, anchor_relative, parse_rep
 from atommem_rl.tasks.schema import save_tasks
 from atommem_rl.tasks.synth import generate_tasks
 
-from .conftest import REPO, SHARED_DATA
+from .conftest import REPO, DATA
 from .test_eval import ScriptedBackend
 
 D = dt.date
@@ -301,7 +301,7 @@ def tiny(tmp_path_factory):
 def test_four_methods_through_atommem_eval_on_locomo(tmp_path, tiny):
     from atommem_rl.tasks.prepare import prepare_locomo
 
-    lc = prepare_locomo(SHARED_DATA / "locomo" / "locomo10.json", limit=1)
+    lc = prepare_locomo(DATA / "locomo" / "locomo10.json", limit=1)
     save_tasks(lc[:1], tmp_path / "locomo.jsonl")
     out = tmp_path / "eval"
     r = _cli("eval", "--tasks", str(tmp_path / "locomo.jsonl"), "--max-blocks", "1", "--methods",

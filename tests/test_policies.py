@@ -14,9 +14,8 @@ from atommem_rl.tasks import prepare
 from atommem_rl.tasks.schema import save_tasks
 from atommem_rl.tasks.synth import generate_tasks
 
-DATA = Path("/work/shared/data")
-if not DATA.exists():
-    DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from .conftest import DATA
+
 ENV = dict(tokenizer="smollm2", chunk_tokens=384, max_prompt_tokens=3072, embedder="hashing")
 KEYS = {"episodes", "policy", "mean_reward", "em", "f1", "crashes", "tool_errors", "ops", "tokens"}
 

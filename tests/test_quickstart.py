@@ -15,10 +15,10 @@ import sys
 
 import pytest
 
-from .conftest import REPO, SHARED_DATA, require
+from .conftest import REPO, DATA, require
 
 os.environ.setdefault("WANDB_MODE", "offline")
-LOCOMO = SHARED_DATA / "locomo" / "locomo10.json"
+LOCOMO = DATA / "locomo" / "locomo10.json"
 PHASES = ["model", "data", "sft", "grpo", "eval", "retrieval"]
 
 

@@ -13,9 +13,8 @@ from atommem_rl.tasks import prepare
 from atommem_rl.tasks.schema import Task, load_tasks
 from atommem_rl.tasks.synth import QTYPES, generate_task, generate_tasks
 
-DATA = Path("/work/shared/data")
-if not DATA.exists():
-    DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from .conftest import DATA
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

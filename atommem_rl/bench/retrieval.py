@@ -1,6 +1,6 @@
 """Retrieval benchmark: evidence recall@k on LoCoMo with dialogue turns as atoms (no LLM).
 
-Protocol (the reference in ``shared/data/README.md``): every turn of a conversation becomes one atom
+Protocol (the reference in ``atommem_rl/data/benchmarks/README.md``): every turn of a conversation becomes one atom
 (``atommem_rl.data.locomo.turn_drafts``) in its own AtomStore namespace (in-memory Chroma; the
 conversation's turns are embedded once, in one batch, and each question is embedded once). For each
 question of categories 1-4 that has evidence, retrieve the top ``k`` atoms and take the share of the
@@ -106,7 +106,7 @@ def run(path: str, k: int = 10, strategy: str = "graph", embedder: Embedder | st
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", choices=["locomo"], default="locomo", help="benchmark format (LoCoMo only)")
-    parser.add_argument("--path", required=True, help="LoCoMo JSON file, e.g. shared/data/locomo/locomo10.json")
+    parser.add_argument("--path", default=None, help="LoCoMo JSON file (default: the shipped locomo10.json)")
     parser.add_argument("--k", type=at_most(10**6), default=10, help="retrieved atoms per question (recall@k)")
     parser.add_argument("--strategy", choices=list(STRATEGIES) + ["all"], default="graph",
                         help="retrieval strategy; 'all' runs every strategy on shared stores")
@@ -121,6 +121,10 @@ def main(args: argparse.Namespace) -> int:
     if args.k < 1:
         raise SystemExit("--k must be positive")
     strategies = list(STRATEGIES) if args.strategy == "all" else [args.strategy]
+    if args.path is None:
+        from ..data import benchmark_file
+
+        args.path = str(benchmark_file("locomo"))
     results = run_many(args.path, strategies, args.k, args.embedder, args.limit_conversations,
                        args.skip_conversations)
     if args.json:

@@ -2,8 +2,8 @@
 
     atommem data synth --out tasks/synth.jsonl --tasks 100 --seed 0 --kind documents --docs 20 \
         --questions 1-3 --confounders 2
-    atommem data prepare --source hotpotqa --path ../shared/data/hotpotqa/hotpotqa_train_100.json \
-        --out tasks/hotpotqa.jsonl --docs 20 --questions 2
+    atommem data prepare --source hotpotqa --out tasks/hotpotqa.jsonl --docs 20 --questions 2
+        (--path defaults to the shipped file of the source: atommem_rl/data/benchmarks/README.md)
 
 Task format: ``atommem_rl/tasks/schema.py``; generator: ``atommem_rl/tasks/synth.py``; loaders:
 ``atommem_rl/tasks/{hotpotqa,locomo,longmemeval}.py``. Output is deterministic for a seed.
@@ -50,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = kinds.add_parser("prepare", help="turn a real benchmark file into tasks")
     p.add_argument("--source", required=True, choices=["hotpotqa", "musique", "locomo", "longmemeval"])
-    p.add_argument("--path", required=True, help="the benchmark file (e.g. ../shared/data/hotpotqa/hotpotqa_train_100.json)")
+    p.add_argument("--path", default=None, help="the benchmark file (default for hotpotqa, musique, locomo: the "
+                   "subset shipped in atommem_rl/data/benchmarks; longmemeval needs one)")
     p.add_argument("--out", required=True, help="output JSONL file")
     p.add_argument("--corpus", default=None, help="passage pool for distractors (hotpotqa/musique; default: the "
                    "*_corpus.json next to --path when present)")
@@ -80,6 +81,12 @@ def run_prepare(args) -> int:
     from atommem_rl.tasks import prepare
     from atommem_rl.tasks.schema import save_tasks
 
+    if args.path is None:
+        if args.source == "longmemeval":
+            raise ValueError("--path: longmemeval ships no file here; give the LongMemEval JSON file")
+        from atommem_rl.data import benchmark_file
+
+        args.path = str(benchmark_file(args.source))
     input_file(args.path, "--path")
     if args.corpus:
         input_file(args.corpus, "--corpus")

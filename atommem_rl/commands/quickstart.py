@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--heldout-seed", type=seed_int, default=d.heldout_seed, help=f"seed of the held-out tasks (default {d.heldout_seed})")
     p.add_argument("--methods", default=BASELINES, help=f"baselines evaluated beside the checkpoints (default {BASELINES})")
     p.add_argument("--checkpoints", default=d.checkpoints, help=f"checkpoints evaluated (default {d.checkpoints})")
-    p.add_argument("--locomo", default=None, help="LoCoMo JSON file (default: $ATOMMEM_DATA_DIR or ../shared/data "
-                   "next to the repository, locomo/locomo10.json)")
+    p.add_argument("--locomo", default=None, help="LoCoMo JSON file (default: the shipped atommem_rl/data/benchmarks/locomo/"
+                   "locomo10.json, or $ATOMMEM_DATA_DIR/locomo/locomo10.json)")
     p.add_argument("--conversations", type=at_most(10**4), default=d.conversations,
                    help=f"LoCoMo conversations for the retrieval phase (default {d.conversations}; all 10: 4.5 min)")
     p.add_argument("--k", type=at_most(10**4), default=d.k, help="recall@k (default 10)")

@@ -1,6 +1,6 @@
 """LoCoMo (snap-research/LoCoMo, ``locomo10.json``): loader and turn-to-atom conversion, no LLM.
 
-File format (see ``shared/data/README.md``): a JSON list of samples; each sample has ``sample_id``,
+File format (see ``atommem_rl/data/benchmarks/README.md``): a JSON list of samples; each sample has ``sample_id``,
 ``conversation`` (``speaker_a``, ``speaker_b``, ``session_N`` = list of turns ``{speaker, dia_id,
 text[, img_url, blip_caption]}``, ``session_N_date_time`` like ``"1:56 pm on 8 May, 2023"``) and
 ``qa`` (``question``, ``answer`` or ``adversarial_answer``, ``evidence`` = dia ids, ``category``).

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -56,8 +55,9 @@ TINY_EVAL = ["reader_max_new_tokens=4", "manager_max_new_tokens=8"]
 
 
 def default_locomo() -> Path:
-    base = Path(os.environ.get("ATOMMEM_DATA_DIR", REPO.parent / "shared" / "data"))
-    return base / "locomo" / "locomo10.json"
+    from ..data import benchmark_file
+
+    return benchmark_file("locomo")
 
 
 @dataclass
