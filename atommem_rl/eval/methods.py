@@ -47,13 +47,14 @@ import copy
 import itertools
 import json
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from atommem_rl.tasks.schema import Task
 
 from .backend import Backend, Request
+from .reading import (ROAM_SYSTEM, Episode, Item, answer_all, clean_answer, drive, fit_items, new_store,  # noqa: F401
+                      parse_roam, reader_budget, reader_messages, store_memory)
 
 PIPELINE_METHODS = ("atommem_graph", "atommem_flat", "no_graph", "no_profile")
 READER_METHODS = ("full_context", "rag", "append_all", "mem0", "memagent", "roam") + PIPELINE_METHODS
@@ -182,116 +183,7 @@ def pack_chunks(backend: Backend, lines, limit: int) -> list[tuple[str, list[str
 
 
 # ------------------------------------------------------------------------------ reader
-READER_SYSTEM = ("Answer the question using only the context. Reply with a short answer (a name, place, "
-                 "date or number) and nothing else.")
-
-
-@dataclass
-class Item:
-    text: str
-    sources: list[str] = field(default_factory=list)
-
-
-def reader_messages(context: str, question: str) -> list[dict]:
-    return [{"role": "system", "content": READER_SYSTEM},
-            {"role": "user", "content": f"# Context\n{context}\n\n# Question\n{question}\n\nAnswer:"}]
-
-
-def clean_answer(text: str) -> str:
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if line:
-            line = re.sub(r"^(answer\s*:\s*)", "", line, flags=re.IGNORECASE).strip()
-            return line.rstrip(".")[:200]
-    return ""
-
-
-def fit_items(backend: Backend, items: list[Item], question: str, budget: int) -> tuple[list[Item], int]:
-    """Keep items (best first) while the reader prompt fits ``budget`` tokens; returns (kept, dropped)."""
-    base = backend.count(backend.render(reader_messages("", question)))
-    kept, used = [], base
-    for it in items:
-        n = backend.count(it.text) + 1
-        if used + n > budget:
-            room = budget - used - 8
-            if room > 32:  # keep the head of the item that does not fit (counted as dropped)
-                kept.append(Item(backend.truncate(it.text, room), it.sources))
-                return kept, len(items) - len(kept) + 1
-            break
-        kept.append(it)
-        used += n
-    return kept, len(items) - len(kept)
-
-
-def reader_budget(backend: Backend, s: EvalSettings) -> int:
-    window = backend.context_window if s.context_tokens is None else min(s.context_tokens, backend.context_window)
-    return window - s.reader_max_new_tokens - 8
-
-
-# ------------------------------------------------------------------------------ episode records
-class Episode:
-    """What one method did on one task: predictions, what each answer saw, memory, viewer steps."""
-
-    def __init__(self, task: Task, record_steps: bool, memory_cap: int):
-        self.task = task
-        self.predictions: dict[str, str] = {}
-        self.shown: dict[str, list[Item]] = {}
-        self.ops: dict[str, int] = {}
-        self.steps: list[dict] | None = [] if record_steps else None
-        self.memory: list[dict] = []
-        self.extra: dict[str, Any] = {}
-        self.memory_cap = memory_cap
-
-    def op(self, name: str, n: int = 1) -> None:
-        self.ops[name] = self.ops.get(name, 0) + n
-
-    def step(self, kind: str, text: str, actions: list[str], memory: list[dict] | None = None,
-             retrieved: list[str] | None = None, answer: str | None = None) -> None:
-        if self.steps is None:
-            return
-        mem = memory or []
-        self.steps.append({"kind": kind, "input": text[:4000], "actions": [a[:1000] for a in actions],
-                           "memory": mem[-self.memory_cap:], "memory_total": len(mem),
-                           "retrieved": retrieved or [], "answer": answer})
-
-
-def store_memory(store, handles: dict[str, str]) -> list[dict]:
-    out = []
-    for a in store.snapshot():
-        out.append({"handle": handles.get(a["id"], a["id"]), "text": a["text"], "role": a["role"],
-                    "relations": {handles.get(k, k): v for k, v in a["relations"].items()},
-                    "sources": a["source_ids"]})
-    return out
-
-
-def _new_store(s: EvalSettings, embedder):
-    from atommem_rl.memory.store import AtomStore
-    from envs.core import IN_MEMORY_EXACT_BELOW, _default_client
-
-    # exact reads as in the environments: the same retrieval for every method, and repeatable runs
-    return AtomStore(f"eval-{uuid.uuid4().hex[:12]}", client=_default_client(), embedder=embedder, max_chars=4000,
-                     exact_below=IN_MEMORY_EXACT_BELOW)
-
-
 # ------------------------------------------------------------------------------ the reader methods
-def _answer_all(ep: Episode, contexts: dict[str, list[Item]], backend: Backend, s: EvalSettings, key,
-                memory: list[dict] | None = None):
-    """Generator step: one reader call per question over its items; fills predictions."""
-    budget = reader_budget(backend, s)
-    reqs, qids = [], []
-    for q in ep.task.questions:
-        items, dropped = fit_items(backend, contexts[q.id], q.question, budget)
-        if dropped:
-            ep.extra["items_dropped"] = ep.extra.get("items_dropped", 0) + dropped
-        ep.shown[q.id] = items
-        reqs.append(Request(reader_messages("\n".join(i.text for i in items), q.question), s.reader_max_new_tokens, key))
-        qids.append(q.id)
-    outs = yield reqs
-    for qid, q, out in zip(qids, ep.task.questions, outs):
-        ep.predictions[qid] = clean_answer(out)
-        ep.step("answer", f"{qid}: {q.question}", [out], memory, [i.text for i in ep.shown[qid]], ep.predictions[qid])
-
-
 def run_full_context(ep, backend, s, key, embedder):
     lines = unit_lines(ep.task)
     budget = reader_budget(backend, s)
@@ -332,11 +224,11 @@ def run_full_context(ep, backend, s, key, embedder):
     ep.extra["context_truncated"] = 1.0 - kept_tokens / total if total else 0.0
     item = Item("\n".join(text_lines), sources)
     ep.step("context", item.text, [f"full context: {kept_tokens} of {total} tokens kept"])
-    yield from _answer_all(ep, {q.id: [item] for q in ep.task.questions}, backend, s, key)
+    yield from answer_all(ep, {q.id: [item] for q in ep.task.questions}, backend, s, key)
 
 
 def run_rag(ep, backend, s, key, embedder):
-    store = _new_store(s, embedder)
+    store = new_store(s, embedder)
     try:
         chunks = pack_chunks(backend, unit_lines(ep.task), s.rag_chunk_tokens)
         atoms = store.create_many([{"text": t, "source_ids": ids} for t, ids in chunks])
@@ -348,13 +240,13 @@ def run_rag(ep, backend, s, key, embedder):
                for q in ep.task.questions}
         ep.op("read", len(ep.task.questions))
         ep.memory = store_memory(store, handles)
-        yield from _answer_all(ep, ctx, backend, s, key, mem)
+        yield from answer_all(ep, ctx, backend, s, key, mem)
     finally:
         store.drop()
 
 
 def run_append_all(ep, backend, s, key, embedder):
-    store = _new_store(s, embedder)
+    store = new_store(s, embedder)
     try:
         lines = [(u, a) for u, _, a in unit_lines(ep.task) if u]
         atoms = store.create_many([{"text": a, "source_ids": [u]} for u, a in lines]) if lines else []
@@ -366,7 +258,7 @@ def run_append_all(ep, backend, s, key, embedder):
                for q in ep.task.questions} if atoms else {q.id: [] for q in ep.task.questions}
         ep.op("read", len(ep.task.questions))
         ep.memory = store_memory(store, handles)
-        yield from _answer_all(ep, ctx, backend, s, key, mem)
+        yield from answer_all(ep, ctx, backend, s, key, mem)
     finally:
         store.drop()
 
@@ -418,7 +310,7 @@ def parse_mem0(text: str, n_candidates: int) -> tuple[str, int | None, str, bool
 
 
 def run_mem0(ep, backend, s, key, embedder):
-    store = _new_store(s, embedder)
+    store = new_store(s, embedder)
     extra_sources: dict[str, set[str]] = {}
     handles: dict[str, str] = {}
     counter = itertools.count(1)
@@ -450,7 +342,7 @@ def run_mem0(ep, backend, s, key, embedder):
         for q in ep.task.questions:
             views = store.read(q.question, s.retrieval_k) if len(store) else []
             ctx[q.id] = [Item(v.text, sorted(set(v.atom.source_ids) | extra_sources.get(v.id, set()))) for v in views]
-        yield from _answer_all(ep, ctx, backend, s, key, ep.memory if ep.steps is not None else None)
+        yield from answer_all(ep, ctx, backend, s, key, ep.memory if ep.steps is not None else None)
     finally:
         store.drop()
 
@@ -485,29 +377,13 @@ def run_memagent(ep, backend, s, key, embedder):
     ep.memory = [{"handle": "memory", "text": memory, "role": "primary", "relations": {}, "sources": []}]
     ctx = {q.id: [Item(memory or "(empty memory)", [])] for q in ep.task.questions}
     ep.extra["no_sources"] = True
-    yield from _answer_all(ep, ctx, backend, s, key, ep.memory)
-
-
-ROAM_SYSTEM = (
-    "You label how a NEW memory relates to each OLDER memory. Labels:\n"
-    "IND: independent, about different things.\nEQV: equivalent, the same content.\n"
-    "OSN: the old memory is subsumed by the new one (the new one is more complete).\n"
-    "NSO: the new memory is subsumed by the old one.\n"
-    "CON: conflict, the new memory replaces the old one (e.g. a change over time).\n"
-    "Reply with one line per older memory: <number>: <label>.")
-_ROAM_LINE = re.compile(r"(\d+)\s*[:.)\-]\s*\(?\s*(IND|EQV|OSN|NSO|CON)\b", re.IGNORECASE)
-
-
-def parse_roam(text: str, n: int) -> tuple[dict[int, str], bool]:
-    """{candidate number (1-based): short label}; missing numbers are IND."""
-    found = {int(a): b.upper() for a, b in _ROAM_LINE.findall(text or "") if 1 <= int(a) <= n}
-    return {i: found.get(i, "IND") for i in range(1, n + 1)}, bool(found)
+    yield from answer_all(ep, ctx, backend, s, key, ep.memory)
 
 
 def run_roam(ep, backend, s, key, embedder):
     from atommem_rl.memory.atom import Relation
 
-    store = _new_store(s, embedder)
+    store = new_store(s, embedder)
     handles: dict[str, str] = {}
     counter = itertools.count(1)
     try:
@@ -542,14 +418,14 @@ def run_roam(ep, backend, s, key, embedder):
                                                                   for sid in (store.get_any(e).source_ids if store.get_any(e) else ())]}))
                        for v in store.read(q.question, s.retrieval_k)] if len(store) else []
                for q in ep.task.questions}
-        yield from _answer_all(ep, ctx, backend, s, key, ep.memory if ep.steps is not None else None)
+        yield from answer_all(ep, ctx, backend, s, key, ep.memory if ep.steps is not None else None)
     finally:
         store.drop()
 
 
 def _pipeline(name: str):
     def run(ep, backend, s, key, embedder):
-        from atommem_rl.extraction.pipeline import VARIANTS, run_pipeline  # imported when run (it imports this module)
+        from atommem_rl.extraction.pipeline import VARIANTS, run_pipeline  # heavy: imported when run
 
         return (yield from run_pipeline(ep, backend, s, key, embedder, VARIANTS[name]))
 
@@ -558,30 +434,3 @@ def _pipeline(name: str):
 
 READERS = {"full_context": run_full_context, "rag": run_rag, "append_all": run_append_all, "mem0": run_mem0,
            "memagent": run_memagent, "roam": run_roam, **{m: _pipeline(m) for m in PIPELINE_METHODS}}
-
-
-def drive(generators: dict[Any, Any], backend: Backend | None) -> dict[Any, Any]:
-    """Step method generators in lockstep: each round, every open episode's requests go into one
-    ``backend.generate`` call. Returns {key: the generator's return value}."""
-    pending: dict[Any, list[Request]] = {}
-    done: dict[Any, Any] = {}
-    for k, g in generators.items():
-        try:
-            pending[k] = next(g)
-        except StopIteration as stop:
-            done[k] = stop.value
-    while pending:
-        keys = list(pending)
-        flat = [r for k in keys for r in pending[k]]
-        outs = backend.generate(flat) if flat else []
-        pos = 0
-        nxt = {}
-        for k in keys:
-            n = len(pending[k])
-            part, pos = outs[pos:pos + n], pos + n
-            try:
-                nxt[k] = generators[k].send(part)
-            except StopIteration as stop:
-                done[k] = stop.value
-        pending = nxt
-    return done

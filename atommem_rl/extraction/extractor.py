@@ -26,7 +26,7 @@ Algorithm.
 
 The extractor runs on any backend of ``atommem_rl.eval.backend`` (Hugging Face, vLLM, OpenAI-compatible):
 :func:`extract_block` is a generator that yields lists of ``Request`` and receives the replies, so
-the eval harness can batch it with other episodes (``methods.drive``); :func:`extract_tasks` drives
+the eval harness can batch it with other episodes (``reading.drive``); :func:`extract_tasks` drives
 it directly.
 """
 
@@ -226,7 +226,7 @@ def add_stats(total: dict[str, int], results: list[WindowResult]) -> dict[str, i
 
 def extract_tasks(tasks: list[Task], backend: Backend, s: ExtractSettings | None = None) -> list[list[WindowResult]]:
     """Every window of every task through ``backend`` (tasks batched together); results per task."""
-    from atommem_rl.eval.methods import drive
+    from atommem_rl.eval.reading import drive
 
     s = s or ExtractSettings()
 

@@ -65,7 +65,7 @@ def _sources_of(store, view) -> list[str]:
 
 
 def _profile_items(prof, question: str, views) -> list:
-    from atommem_rl.eval.methods import Item
+    from atommem_rl.eval.reading import Item
     from atommem_rl.memory.retrieval import mentioned_participants
 
     names = prof.participants()
@@ -88,8 +88,8 @@ def _profile_items(prof, question: str, views) -> list:
 
 def run_pipeline(ep, backend, s, key, embedder, variant: Variant, xs: ExtractSettings | None = None,
                  vs: V.VerifySettings | None = None):
-    """Generator for the eval harness (``methods.drive``); see the module docstring."""
-    from atommem_rl.eval.methods import Item, _answer_all, _new_store, store_memory
+    """Generator for the eval harness (``reading.drive``); see the module docstring."""
+    from atommem_rl.eval.reading import Item, answer_all, new_store, store_memory
     from atommem_rl.memory.events import EventLayer, create_in_event
     from atommem_rl.memory.profiles import ProfileLayer
     from atommem_rl.memory.retrieval import retrieve
@@ -98,7 +98,7 @@ def run_pipeline(ep, backend, s, key, embedder, variant: Variant, xs: ExtractSet
     xs = xs or ExtractSettings(max_new_tokens=s.policy_max_new_tokens, window_tokens=s.chunk_tokens)
     vs = vs or V.VerifySettings()
     task = ep.task
-    store = _new_store(s, embedder)
+    store = new_store(s, embedder)
     layer = prof = None
     handles: dict[str, str] = {}
     counter = itertools.count(1)
@@ -172,7 +172,7 @@ def run_pipeline(ep, backend, s, key, embedder, variant: Variant, xs: ExtractSet
                 ep.op(k, stats[k])
         ep.extra["pipeline"] = stats
         ep.extra["events"] = len(layer) if layer is not None else 0
-        yield from _answer_all(ep, ctx, backend, s, key, ep.memory if ep.steps is not None else None)
+        yield from answer_all(ep, ctx, backend, s, key, ep.memory if ep.steps is not None else None)
     finally:
         for part in (prof, layer):
             if part is not None:

@@ -99,7 +99,7 @@ def requests(planned: list[Planned], s: VerifySettings, key: Any) -> tuple[list[
 
 def read_labels(planned: list[Planned], index: list[list[tuple[int, int]]], replies: list[str]) -> int:
     """Fill ``labels``; returns how many calls had no parsable label at all."""
-    from atommem_rl.eval.methods import parse_roam
+    from atommem_rl.eval.reading import parse_roam
 
     for p in planned:
         p.labels = [Relation.INDEPENDENT] * len(p.candidates)
