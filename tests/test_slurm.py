@@ -333,3 +333,19 @@ def test_grpo_smoke_job_on_real_slurm(tmp_path):
     submit_smoke("grpo.sbatch", "recipes/quickstart/grpo.yaml", out_dir)
     ckpts = sorted(out_dir.glob("checkpoint-*"))
     assert ckpts and (ckpts[-1] / "model.safetensors").exists() and (ckpts[-1] / "trainer_state.json").exists()
+
+
+def test_cpu_rehearsal_branch_dry_run():
+    """ATOMMEM_CPU=1 (scripts/rehearse_cluster.sh): the one-node job's server (ATOMMEM_VLLM_CMD, TRL's
+    vllm-serve arguments, tensor parallel 1), then ATOMMEM_NUM_PROCESSES gloo ranks in server mode on CPU,
+    running ATOMMEM_ENTRY; the training command parses."""
+    cmds = dry_run("grpo.sbatch", "recipes/quickstart/grpo.yaml", "--max_steps", "1", ATOMMEM_CPU="1",
+                   ATOMMEM_NUM_PROCESSES="2", ATOMMEM_VLLM_CMD="python -m vllm.entrypoints.openai.api_server --model")
+    no_empty_words(cmds)
+    server, train = cmds[-2], cmds[-1]
+    assert server[server.index("vllm.entrypoints.openai.api_server") + 1:][:2] == ["--model", "checkpoints/quickstart/sft"]
+    assert flag(server, "--tensor-parallel-size") == "1" and "--logprobs-mode" in server
+    assert train[train.index("accelerate.commands.launch") + 1:][:2] == ["--config_file", "recipes/accelerate/cpu_2proc.yaml"]
+    assert flag(train, "--num_processes") == "2" and flag(train, "--vllm_mode") == "server"
+    assert flag(train, "--use_cpu") == "true" and "CUDA_VISIBLE_DEVICES=" in train
+    assert parse_training(train[train.index("accelerate.commands.launch"):])[0] == "grpo"
