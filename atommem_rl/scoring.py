@@ -21,7 +21,6 @@ Every scorer takes untrusted text (a policy's answer): non-strings score 0, neve
 from __future__ import annotations
 
 import math
-import os
 import re
 import string
 from collections import Counter
@@ -174,31 +173,21 @@ class LLMJudge:
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout: float = 60.0):
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.api_key = os.environ.get(api_key_env, "EMPTY")
+        self.api_key_env = api_key_env
         self.timeout = timeout
         self._cache: dict[tuple[str, str, str], float] = {}
 
     def __call__(self, question: str, answer: object, gold: str | Sequence[str]) -> float:
-        import httpx
+        from atommem_rl.endpoints import chat
 
         gold_s = " | ".join(_golds(gold))
         ans = answer if isinstance(answer, str) else ("" if answer is None else str(answer))
         key = (question, gold_s, ans)
         if key in self._cache:
             return self._cache[key]
-        url = self.base_url + ("/chat/completions" if self.base_url.endswith("/v1") else "/v1/chat/completions")
-        body = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": JUDGE_PROMPT.format(question=question, gold=gold_s, answer=ans[:2000])}],
-            "temperature": 0.0,
-            "max_tokens": 4,
-        }
-        try:
-            resp = httpx.post(url, json=body, headers={"Authorization": f"Bearer {self.api_key}"}, timeout=self.timeout)
-            resp.raise_for_status()
-            verdict = resp.json()["choices"][0]["message"]["content"] or ""
-        except Exception as exc:  # transport, HTTP status, malformed JSON
-            raise ConnectionError(f"LLM judge at {url} failed: {exc}") from exc
+        messages = [{"role": "user", "content": JUDGE_PROMPT.format(question=question, gold=gold_s, answer=ans[:2000])}]
+        verdict = chat(self.base_url, self.model, messages, max_tokens=4, temperature=0.0, timeout=self.timeout,
+                       api_key_env=self.api_key_env, what="LLM judge").text  # a ConnectionError naming the URL
         score = float("CORRECT" in verdict.upper() and "WRONG" not in verdict.upper())
         self._cache[key] = score
         return score

@@ -78,7 +78,7 @@ def test_judge_down_scores_zero_and_reports(task):
         ep.close()
     out = rec
     assert not rec["crashed"] and rec["return"] == 0.0
-    assert len(out["judge_errors"]) == 3 and "LLM judge at http://127.0.0.1:9" in out["judge_errors"][0]
+    assert len(out["judge_errors"]) == 3 and "LLM judge http://127.0.0.1:9/v1/chat/completions failed" in out["judge_errors"][0]
 
 
 def test_policy_endpoint_down_is_a_clear_error(task):

@@ -210,28 +210,21 @@ class OpenAIBackend(Backend):
         tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else (
             AutoTokenizer.from_pretrained(BASE_MODEL_DIR) if BASE_MODEL_DIR.exists() else base_tokenizer())
         super().__init__(model_name, tok, context_window)
-        url = base_url.rstrip("/")
-        self.url = url + ("/chat/completions" if url.endswith("/v1") else "/v1/chat/completions")
+        from atommem_rl.endpoints import chat_base_url
+
+        self.base_url = base_url
+        self.url = chat_base_url(base_url) + "/chat/completions"
         self.concurrency = concurrency
         self.timeout = timeout
 
     def _one(self, r: Request) -> str:
-        import httpx
+        from atommem_rl.endpoints import chat
 
-        try:
-            resp = httpx.post(self.url, json={"model": self.model_name, "messages": r.messages,
-                                              "max_tokens": r.max_new_tokens, "temperature": 0.0},
-                              headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"},
-                              timeout=self.timeout)
-            resp.raise_for_status()
-            body = resp.json()
-            text = body["choices"][0]["message"]["content"] or ""
-        except Exception as exc:
-            raise ConnectionError(f"model endpoint {self.url} failed: {exc}") from exc
-        usage = body.get("usage") or {}
-        self._account(r.key, usage.get("prompt_tokens") or self.count(self.render(r.messages)),
-                      usage.get("completion_tokens") or self.count(text), role=r.role)
-        return text
+        reply = chat(self.base_url, self.model_name, r.messages, max_tokens=r.max_new_tokens, temperature=0.0,
+                     timeout=self.timeout)
+        self._account(r.key, reply.prompt_tokens or self.count(self.render(r.messages)),
+                      reply.completion_tokens or self.count(reply.text), role=r.role)
+        return reply.text
 
     def generate(self, requests: list[Request]) -> list[str]:
         if not requests:

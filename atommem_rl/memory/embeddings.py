@@ -176,25 +176,17 @@ class OpenAIEmbedder(Embedder):
         return OpenAIEmbedder(**config)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        import httpx
+        from atommem_rl.endpoints import EndpointError, embed
 
         from .errors import StoreUnavailableError
 
-        headers = {}
-        key = os.environ.get(self.api_key_env)
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
         rows: list[list[float]] = []
         for i in range(0, len(texts), self.batch_size):
             batch = list(texts[i : i + self.batch_size])
             try:
-                resp = httpx.post(f"{self.base_url}/embeddings", json={"model": self.model, "input": batch},
-                                  headers=headers, timeout=self.timeout)
-                resp.raise_for_status()
-            except httpx.HTTPError as exc:
-                raise StoreUnavailableError(f"embedding endpoint {self.base_url} failed: {exc}") from exc
-            data = sorted(resp.json()["data"], key=lambda d: d["index"])
-            rows.extend(d["embedding"] for d in data)
+                rows.extend(embed(self.base_url, self.model, batch, timeout=self.timeout, api_key_env=self.api_key_env))
+            except EndpointError as exc:
+                raise StoreUnavailableError(str(exc)) from exc
         if not rows:
             return np.zeros((0, self._dim or 0), dtype=np.float32)
         out = _normalise(np.asarray(rows, dtype=np.float32))

@@ -225,24 +225,14 @@ class ModelPolicy(Policy):
         return [o.outputs[0].text for o in outs]
 
     def _openai(self, messages) -> str:
-        import httpx
+        from atommem_rl.endpoints import chat
 
-        url = self.base_url.rstrip("/")
-        url += "/chat/completions" if url.endswith("/v1") else "/v1/chat/completions"
-        try:
-            resp = httpx.post(url, json={"model": self.model_name, "messages": messages,
-                                         "max_tokens": self.max_new_tokens, "temperature": self.temperature},
-                              headers={"Authorization": f"Bearer {os.environ.get('OPENAI_API_KEY', 'EMPTY')}"},
-                              timeout=300)
-            resp.raise_for_status()
-            body = resp.json()
-        except Exception as exc:  # the caller sees which endpoint failed
-            raise ConnectionError(f"policy endpoint {url} failed: {exc}") from exc
-        usage = body.get("usage") or {}
+        reply = chat(self.base_url, self.model_name, messages, max_tokens=self.max_new_tokens,
+                     temperature=self.temperature, what="policy endpoint")  # EndpointError names the URL
         with self._lock:
-            self.tokens["prompt"] += int(usage.get("prompt_tokens", 0))
-            self.tokens["completion"] += int(usage.get("completion_tokens", 0))
-        return body["choices"][0]["message"]["content"] or ""
+            self.tokens["prompt"] += int(reply.prompt_tokens or 0)
+            self.tokens["completion"] += int(reply.completion_tokens or 0)
+        return reply.text
 
     def close(self) -> None:
         """Free the vLLM engine (its worker processes) before the process ends."""
