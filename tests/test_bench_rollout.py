@@ -50,23 +50,52 @@ def test_bench_rollout_bad_input(tiny, capsys):
     assert "not found" in capsys.readouterr().err
 
 
-def test_flops_formula_counts_the_model():
-    """6N uses the parameters of the matrix multiplies: with untied embeddings that is every
-    parameter except the embedding table and the norm weights."""
+def _counted_flops(cfg, batch: int, seq: int) -> dict[str, int]:
+    """torch's FLOP counter over one forward + backward of a random-weight model (eager attention, so the
+    attention products are counted: as bmm, over the full S x S square)."""
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    x = torch.randint(0, cfg.vocab_size, (batch, seq))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=x, labels=x).loss.backward()
+    return {str(k): v for k, v in counter.get_flop_counts()["Global"].items()}
+
+
+def test_flops_per_token_agree_with_torchs_flop_counter():
+    """The MFU numerator, measured independently: torch counts every matrix multiply of a training step.
+    The linear layers (LM head included) must be exactly 6 N per token; eager attention computes the full
+    square, twice the causal share the formula counts."""
+    from transformers import Qwen3Config
 
     from atommem_rl.bench.gpu_check import SHAPES, matmul_params, train_flops_per_token
 
     cfg = Qwen3Config(**{**SHAPES["tiny"], "tie_word_embeddings": False})
-    model = AutoModelForCausalLM.from_config(cfg)
-    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
-    embed = model.get_input_embeddings().weight.numel()
-    total = sum(p.numel() for p in model.parameters())
-    assert matmul_params(cfg) == total - embed - norms
-    attn = 6 * cfg.num_hidden_layers * 100 * cfg.num_attention_heads * cfg.head_dim
-    assert train_flops_per_token(cfg, 100) == 6 * matmul_params(cfg) + attn
-    del torch
+    batch, seq = 2, 64
+    counted = _counted_flops(cfg, batch, seq)
+    assert counted["aten.mm"] == 6 * matmul_params(cfg) * batch * seq
+    causal_attention = counted["aten.bmm"] // 2
+    assert train_flops_per_token(cfg, seq) * batch * seq == counted["aten.mm"] + causal_attention
+
+
+def test_gpu_check_mfu_uses_the_counted_flops(tmp_path):
+    """With a peak given, the reported MFU is achieved FLOP/s over the peak, where the FLOPs per token are
+    the ones torch's counter measures for the same shape and sequence length."""
+    from transformers import Qwen3Config
+
+    from atommem_rl.bench.gpu_check import SHAPES, main
+
+    out = tmp_path / "r.json"
+    assert main(["--device", "cpu", "--tiny", "--no-vllm", "--peak-tflops", "1.0", "--json-out", str(out)]) == 0
+    sft = json.loads(out.read_text())["sft"]
+    seq = sft["tokens_per_step"] // 2  # --tiny: 2 rows per step
+    counted = _counted_flops(Qwen3Config(**SHAPES["tiny"]), 1, seq)
+    per_token = (counted["aten.mm"] + counted["aten.bmm"] // 2) / seq
+    assert sft["flops_per_token"] == pytest.approx(per_token, rel=1e-6)
+    assert 0 < sft["mfu"] == pytest.approx(sft["tokens_per_s"] * per_token / 1e12, rel=1e-6)
 
 
 def test_gpu_check_runs_on_cpu(tmp_path):
@@ -88,11 +117,3 @@ def test_gpu_check_runs_on_cpu(tmp_path):
     assert table[0].startswith("phase") and table[-1].startswith("GRPO update")
 
 
-def test_gpu_check_mfu_with_a_peak(tmp_path):
-    from atommem_rl.bench.gpu_check import main
-
-    out = tmp_path / "r.json"
-    assert main(["--device", "cpu", "--tiny", "--no-vllm", "--peak-tflops", "1.0", "--json-out", str(out)]) == 0
-    res = json.loads(out.read_text())
-    sft = res["sft"]
-    assert sft["mfu"] == pytest.approx(sft["tokens_per_s"] * sft["flops_per_token"] / 1e12)
