@@ -3,7 +3,7 @@
     envs.documents.DocumentEnv   document streams (HotpotQA, MuSiQue, synthetic)
     envs.dialogue.DialogueEnv    multi-session dialogue (LoCoMo, LongMemEval, synthetic)
     envs.core                    the shared core (config, tools, prompt assembly, reward)
-    envs.trl_adapter             TRL ``environment_factory`` adapter (single-conversation mode)
+    envs.parser, envs.tokens     tool-call parsing, prompt token counting
 """
 
 

@@ -24,12 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     for name, help_text in BENCHMARKS.items():
-        try:
-            module = importlib.import_module(f"atommem_rl.bench.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"atommem_rl.bench.{name}":
-                raise
-            continue  # that benchmark is not built yet
+        module = importlib.import_module(f"atommem_rl.bench.{name}")
         p = kinds.add_parser(name, help=help_text, description=module.__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
