@@ -154,3 +154,40 @@ def test_two_ranks_run_equal_packed_microbatches_and_match_rows(tiny, tmp_path):
         assert r["grad_max"] > 0 and r["cosine"] >= 0.9999 and r["max_diff"] <= 1e-4 * max(r["grad_max"], 1.0)
         assert r["packed_loss"] == pytest.approx(r["row_loss"], rel=1e-5, abs=1e-6)
     assert ranks[0]["grad_sum"] == pytest.approx(ranks[1]["grad_sum"], rel=1e-6)  # all-reduced: the same
+
+
+@pytest.mark.timeout(900)
+def test_packed_training_step_moves_weights_as_rows_do(tiny, tmp_path, monkeypatch):
+    """One optimizer step through the Trainer's loop (its _prepare_inputs buffering and training_step, two
+    micro-steps), rows against packing under a budget that makes several packed micro-batches: the same
+    seeded rollouts, the same scripted advantages, and weights that moved, equally within 1e-4 of the largest
+    move. Plain SGD, so the move is lr * g: Adam's first step lr * g / (|g| + eps) turns 1e-9 gradient
+    differences on entries near eps into 2% of lr (measured 1.8e-5 at lr 1e-3)."""
+    from safetensors.torch import load_file
+
+    from atommem_rl.training.grpo import train
+
+    monkeypatch.setattr(StepwiseGRPOTrainer, "_advantages", lambda self, recs, *a: SCRIPTED[: len(recs)])
+    w0 = load_file(tiny / "model.safetensors")
+    moved = {}
+    for name, budget in (("rows", 0), ("packed", 1200)):
+        cfg = small_config(tiny, tmp_path / name, synth_tasks=2, steps_per_generation=2, gradient_accumulation_steps=2,
+                           per_device_train_batch_size=2,
+                           max_tokens_per_microbatch=budget, save_steps=100, learning_rate=1.0, optim="sgd",
+                           max_grad_norm=0.0)
+        train(cfg)
+        moved[name] = load_file(tmp_path / name / "model.safetensors")
+    for k, v in w0.items():
+        if k not in moved["rows"]:
+            continue
+        d_rows, d_packed = moved["rows"][k] - v, moved["packed"][k] - v
+        assert (d_packed - d_rows).abs().max().item() <= 1e-4 * max(d_rows.abs().max().item(), 1e-6), k
+    assert max((moved["rows"][k] - w0[k]).abs().max().item() for k in moved["rows"]) > 1e-4
+
+
+def test_auto_bf16_follows_the_cpu(tmp_path):
+    from atommem_rl.training.packing import cpu_bf16_supported
+
+    cfg = GRPORecipeConfig(output_dir=str(tmp_path / "x"), report_to="none", use_cpu=True, auto_bf16=True, bf16=False)
+    assert cfg.bf16 == cpu_bf16_supported() and not cfg.fp16
+    assert GRPORecipeConfig(output_dir=str(tmp_path / "y"), report_to="none", use_cpu=True, bf16=False).bf16 is False

@@ -113,7 +113,19 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "whatever its number of steps (its tokens share 1/episodes). episode needs beta 0 and loss_type "
                 "dapo, cispo or vespo; rows or packing alike."})
 
+    auto_bf16: bool = field(default=False, metadata={
+        "help": "Choose bf16 autocast where torch reports native bf16 (CUDA with bf16; a CPU with AVX512-BF16 or "
+                "AMX), fp32 elsewhere: sets bf16 (and fp16 false) and prints the choice. Off by default: the "
+                "learning-signal run has not been re-checked in bf16."})
+
     def __post_init__(self):
+        if self.auto_bf16:
+            from .packing import autocast_dtype
+
+            device = "cuda" if torch.cuda.is_available() and not self.use_cpu else "cpu"
+            self.bf16, self.fp16 = autocast_dtype(device) == torch.bfloat16, False
+            print(f"auto_bf16: {device} {'has' if self.bf16 else 'lacks'} native bf16, training in "
+                  f"{'bf16 autocast' if self.bf16 else 'fp32'} (bf16={self.bf16})", file=sys.stderr)
         if self.output_dir is None:
             self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "grpo")
         TaskSource.__post_init__(self)
