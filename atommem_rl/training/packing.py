@@ -34,10 +34,14 @@ Algorithm.
    ``loss_type="dapo"``; ``"episode"`` 1 / (episodes x trained tokens of its episode), so every episode
    weighs the same whatever its number of steps.
 
-Wiring (step-wise trainer): in ``_generate_and_score_completions`` build ``tree_samples`` from
-``step_samples`` and ``step_group_ids``, ``plan_microbatches`` with the budget, gather the count of
-micro-batches and ``pad_microbatches`` to the largest; in ``compute_loss`` (or a training step over the
-micro-batches) ``packed_logprobs`` + ``grpo_loss`` with ``token_weights`` from the global counts.
+Wiring (``grpo.StepwiseGRPOTrainer``, ``max_tokens_per_microbatch`` > 0): ``_generate_and_score_completions``
+keeps each row's (episode, group); ``_pack_generation_batch`` plans the trained rows with
+:func:`plan_microbatches`, pads to the largest count of any rank (and rows per micro-batch to the largest,
+since TRL's loss gathers per-row metrics) and deals the micro-batches to the micro-steps; TRL's own
+``_compute_loss`` then runs per packed micro-batch, its per-token log-probabilities from
+:func:`packed_logprobs` (through the DDP wrapper's forward when there is one). :func:`grpo_loss` and
+:func:`token_weights` are the by-hand references (bench, tests); the trainer's episode weighting scales
+the advantages instead (``_episode_scale``).
 """
 
 from __future__ import annotations
