@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from atommem_rl.cli import main as atommem
 
 
@@ -26,4 +28,6 @@ def test_bench_update_tiny(capsys):
 def test_bench_update_bad_input(capsys):
     assert atommem(["bench", "update", "--tiny", "--variants", "packed"]) == 2
     assert "--variants takes baseline" in capsys.readouterr().err
-    assert atommem(["bench", "update", "--tiny", "--repeats", "0"]) == 2
+    with pytest.raises(SystemExit) as info:  # refused by argparse, before any model is built
+        atommem(["bench", "update", "--tiny", "--repeats", "0"])
+    assert info.value.code == 2 and "--repeats: expected a positive integer" in capsys.readouterr().err
