@@ -31,3 +31,22 @@ def test_bench_update_bad_input(capsys):
     with pytest.raises(SystemExit) as info:  # refused by argparse, before any model is built
         atommem(["bench", "update", "--tiny", "--repeats", "0"])
     assert info.value.code == 2 and "--repeats: expected a positive integer" in capsys.readouterr().err
+
+
+def test_bench_update_reuses_its_saved_samples(tmp_path, capsys):
+    """``--samples``: the first run rolls out and writes the step samples; the second times the very same
+    samples without rolling out; a run with other rollout flags is refused instead of reusing them."""
+    path = tmp_path / "samples.json"
+    args = ["bench", "update", "--tiny", "--episodes", "2", "--docs", "1", "--max-new-tokens", "8", "--repeats", "1",
+            "--variants", "baseline,packed", "--samples", str(path), "--json"]
+    assert atommem(args) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    saved = json.loads(path.read_text())
+    assert first["rollout_s"] > 0 and len(saved["samples"]) == first["samples"]
+    assert atommem(args) == 0
+    second = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert second["rollout_s"] == 0
+    for key in ("samples", "raw_tokens", "forwarded_tokens", "episode_steps", "returns", "advantages"):
+        assert second[key] == first[key], key
+    assert atommem([a if a != "8" else "9" for a in args]) == 2
+    assert "written with other settings" in capsys.readouterr().err

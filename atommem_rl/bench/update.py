@@ -33,6 +33,7 @@ and runs under ``variants``.
 
     atommem bench update --json                       # SmolLM2-135M, 8 episodes, 5 rounds
     atommem bench update --tiny --repeats 2 --json    # seconds: a random-weight tiny model
+    atommem bench update --samples S.json --json      # roll out once into S.json; later runs only time
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated from baseline,packed_all,packed,packed_bf16 (default: all; "
                              "packed_bf16 only where the CPU has native bf16)")
     parser.add_argument("--seed", type=seed_int, default=0)
+    parser.add_argument("--samples", default=None,
+                        help="JSON file of the rolled-out step samples: read when it exists (and was made with the same "
+                             "model and rollout flags), else written after the rollout, so a timing run that is "
+                             "killed does not redo its rollout")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -134,6 +139,37 @@ def rollout_samples(model, tok, args) -> tuple[list[tuple], list[list[tuple]], s
     if not any(adv):
         adv, source = [1.0 if e % 2 == 0 else -1.0 for e in range(args.episodes)], "synthetic"
     return step_samples(episodes, adv), episodes, source, returns
+
+
+ROLLOUT_FLAGS = ("episodes", "docs", "chunk_tokens", "max_new_tokens", "temperature", "seed", "tiny")
+
+
+def cached_samples(path: str, model_path: str, args, roll) -> tuple[list[tuple], list[list[tuple]], str, list[float], float]:
+    """``roll()``'s result read from ``path`` when the file was written for the same model and rollout flags,
+    else rolled out and written there (atomically). Returns it with the rollout's seconds (0 when read)."""
+    key = {"model": model_path, **{f: getattr(args, f) for f in ROLLOUT_FLAGS}}
+    if os.path.exists(path):
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+            ok = saved["key"] == key
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"--samples {path}: not a samples file of bench update ({e})") from None
+        if not ok:
+            raise ValueError(f"--samples {path} was written with other settings {saved['key']}; "
+                             f"this run has {key}: give another path")
+        samples = [tuple(s) for s in saved["samples"]]
+        episodes = [[tuple(step) for step in e] for e in saved["episodes"]]
+        return samples, episodes, saved["advantages"], saved["returns"], 0.0
+    t0 = time.perf_counter()
+    samples, episodes, source, returns = roll()
+    seconds = time.perf_counter() - t0
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"key": key, "samples": samples, "episodes": episodes, "advantages": source, "returns": returns,
+                   "rollout_s": round(seconds, 1)}, f)
+    os.replace(tmp, path)
+    return samples, episodes, source, returns, seconds
 
 
 # --------------------------------------------------------------------------- the two paths
@@ -252,9 +288,13 @@ def main(args) -> int:
         tok.pad_token = tok.eos_token
     model.eval()  # dropout off (none in these models), so both paths compute the same function
 
-    t0 = time.perf_counter()
-    samples, episodes, adv_source, returns = rollout_samples(model, tok, args)
-    rollout_s = time.perf_counter() - t0
+    roll = lambda: rollout_samples(model, tok, args)  # noqa: E731
+    if args.samples:
+        samples, episodes, adv_source, returns, rollout_s = cached_samples(args.samples, "tiny" if args.tiny else path, args, roll)
+    else:
+        t0 = time.perf_counter()
+        samples, episodes, adv_source, returns = roll()
+        rollout_s = time.perf_counter() - t0
     print(f"bench update: {len(samples)} step samples in {rollout_s:.0f} s, prompts up to "
           f"{max(len(s[0]) for s in samples)} tokens, {sum(len(s[0]) + len(s[1]) for s in samples)} raw tokens",
           file=sys.stderr, flush=True)
