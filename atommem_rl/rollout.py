@@ -35,7 +35,7 @@ from typing import Any
 from envs import make_env
 from envs.core import OPS, EnvConfigError
 
-from .memory.backends import address, is_up
+from .memory.chroma_clients import address, is_up
 from .memory.errors import StoreUnavailableError
 from .memory.store import COLLECTION_PREFIX
 from .policies.base import Policy

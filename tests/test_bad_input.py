@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from atommem_rl.memory.atom import TimeSpan
-from atommem_rl.memory.backends import make_client
+from atommem_rl.memory.chroma_clients import make_client
 from atommem_rl.memory.embeddings import HashingEmbedder
 from atommem_rl.memory.errors import InvalidAtomError
 from atommem_rl.memory.store import AtomDraft, AtomStore
@@ -94,7 +94,7 @@ def test_two_writers_of_one_namespace_lose_nothing():
 WRITER = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
-    from atommem_rl.memory.backends import make_client
+    from atommem_rl.memory.chroma_clients import make_client
     from atommem_rl.memory.embeddings import HashingEmbedder
     from atommem_rl.memory.store import AtomStore
     path, ns, name, hold = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from atommem_rl.memory.backends import make_client
+from atommem_rl.memory.chroma_clients import make_client
 from atommem_rl.memory.embeddings import HashingEmbedder
 from atommem_rl.memory.errors import StoreUnavailableError
 from atommem_rl.memory.store import AtomStore

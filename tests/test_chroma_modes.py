@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from atommem_rl.memory.atom import Role
-from atommem_rl.memory.backends import make_client
+from atommem_rl.memory.chroma_clients import make_client
 from atommem_rl.memory.embeddings import HashingEmbedder
 from atommem_rl.memory.errors import StoreUnavailableError
 from atommem_rl.memory.store import AtomStore
@@ -30,7 +30,7 @@ READ_BACK = textwrap.dedent(
     """
     import json, sys
     import chromadb
-    from atommem_rl.memory.backends import make_client
+    from atommem_rl.memory.chroma_clients import make_client
     from atommem_rl.memory.store import AtomStore, COLLECTION_PREFIX
     kind, arg, ns = sys.argv[1], sys.argv[2], sys.argv[3]
     client = make_client("persistent", path=arg) if kind == "persistent" else make_client("http", port=int(arg))
@@ -74,7 +74,7 @@ def test_persistent_path_reopened_by_another_process(tmp_path, namespace):
         [sys.executable, "-c", textwrap.dedent(
             """
             import sys
-            from atommem_rl.memory.backends import make_client
+            from atommem_rl.memory.chroma_clients import make_client
             from atommem_rl.memory.embeddings import HashingEmbedder
             from atommem_rl.memory.store import AtomStore
             from tests.test_chroma_modes import populate

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from atommem_rl.memory.backends import make_client
+from atommem_rl.memory.chroma_clients import make_client
 from atommem_rl.memory.embeddings import HashingEmbedder
 from atommem_rl.memory.errors import AtomNotFoundError, InvalidAtomError, MemoryStoreError
 from atommem_rl.memory.events import EventLayer, EventNotFoundError, create_in_event
@@ -164,7 +164,7 @@ def test_reopen_in_a_new_process(tmp_path, namespace):
 
     script = textwrap.dedent(f"""
         import json
-        from atommem_rl.memory.backends import make_client
+        from atommem_rl.memory.chroma_clients import make_client
         from atommem_rl.memory.store import AtomStore
         from atommem_rl.memory.events import EventLayer, create_in_event
         from atommem_rl.memory.store import AtomDraft

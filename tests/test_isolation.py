@@ -84,7 +84,7 @@ class MarkerPolicy:
 def worker(port: int, seconds: float, wid: int, sync_dir: str) -> dict:
     """One rollout worker process: episodes until ``seconds`` pass; returns its counts and findings.
     Workers start together (a barrier of files in ``sync_dir``), so all eight load the server at once."""
-    from atommem_rl.memory.backends import make_client
+    from atommem_rl.memory.chroma_clients import make_client
     from atommem_rl.memory.store import COLLECTION_PREFIX, AtomStore
     from atommem_rl.rollout import make_policy, run_rollouts, summarize
     from atommem_rl.tasks.synth import generate_task

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from atommem_rl.memory.backends import make_client
+from atommem_rl.memory.chroma_clients import make_client
 from atommem_rl.memory.embeddings import HashingEmbedder
 from atommem_rl.memory.errors import AtomNotFoundError, InvalidAtomError, MemoryStoreError
 from atommem_rl.memory.profiles import ProfileLayer, UnknownParticipantError, normalise
@@ -198,7 +198,7 @@ def test_reopen_in_a_new_process(tmp_path, namespace):
 
     script = textwrap.dedent(f"""
         import json
-        from atommem_rl.memory.backends import make_client
+        from atommem_rl.memory.chroma_clients import make_client
         from atommem_rl.memory.store import AtomStore
         from atommem_rl.memory.profiles import ProfileLayer
         prof = ProfileLayer(AtomStore({namespace!r}, client=make_client("persistent", path={path!r})))

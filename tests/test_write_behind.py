@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from atommem_rl.memory.atom import Relation, Role
-from atommem_rl.memory.backends import make_client
+from atommem_rl.memory.chroma_clients import make_client
 from atommem_rl.memory.embeddings import HashingEmbedder
 from atommem_rl.memory.errors import MemoryStoreError
 from atommem_rl.memory.store import AtomStore

@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from ..memory.atom import RESERVED_PREFIX, Atom, HistoryEntry, Relation, Role, to_chroma_metadata
-from ..memory.backends import make_client
+from ..memory.chroma_clients import make_client
 from ..memory.embeddings import HashingEmbedder
 from ..memory.store import COLLECTION_PREFIX, AtomDraft, AtomStore
 from ..commands import at_most, count_list, seed_int

@@ -103,7 +103,7 @@ def main(args) -> int:
     if not tasks:
         raise ValueError(f"{args.tasks} holds no tasks")
     if args.chroma:
-        from atommem_rl.memory.backends import make_client, parse_url
+        from atommem_rl.memory.chroma_clients import make_client, parse_url
 
         cfg["client"] = make_client(parse_url(args.chroma))  # unreachable: a clear error before any work
     kw = {}

@@ -59,6 +59,7 @@ from . import text as _text
 from .atom import Atom, TimeSpan
 from .errors import AtomNotFoundError, InvalidAtomError, MemoryStoreError
 from .store import COLLECTION_PREFIX, AtomDraft, AtomStore
+from .validation import clean_strings, clean_text
 
 EVENTS_SUFFIX = ".events"
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
@@ -262,7 +263,7 @@ class EventLayer:
             raise InvalidAtomError(f"k must be a positive integer, got {k!r}")
         if not self._events:
             return []
-        people = AtomStore._clean_strings(participants, "participants")
+        people = clean_strings(participants, "participants")
         where = None
         if people:
             ors = [{"participants": {"$contains": p}} for p in people]
@@ -288,14 +289,14 @@ class EventLayer:
             return atom.text, atom.participants, atom.keywords, atom.time, atom.event_ids
         if not isinstance(atom, AtomDraft):
             raise InvalidAtomError(f"expected an Atom, AtomDraft or dict, got {type(atom).__name__}")
-        text = self.store._clean_text(atom.text)
+        text = clean_text(atom.text, self.store.max_chars)
         kws = (
             _text.keywords(text, self.store.keyword_limit)
             if atom.keywords is None
-            else AtomStore._clean_strings(atom.keywords, "keywords")
+            else clean_strings(atom.keywords, "keywords")
         )
-        return (text, AtomStore._clean_strings(atom.participants, "participants"), kws,
-                TimeSpan.parse(atom.time), AtomStore._clean_strings(atom.event_ids, "event_ids"))
+        return (text, clean_strings(atom.participants, "participants"), kws,
+                TimeSpan.parse(atom.time), clean_strings(atom.event_ids, "event_ids"))
 
     def _centroid(self, ev: Event) -> np.ndarray | None:
         cached = self._centroids.get(ev.id)

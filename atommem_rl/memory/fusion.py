@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .atom import DEMOTES_NEW, DEMOTES_OLD, Atom, Relation, Role
+from .roles import top_label
 
 if TYPE_CHECKING:
     from .store import AtomStore
@@ -39,7 +40,7 @@ def evidence_of(store: "AtomStore", atom: Atom) -> list[tuple[Atom, Relation]]:
         if src is None or src.role is not Role.EVIDENCE:
             continue
         rel = src.relations.get(atom.id)
-        if rel in DEMOTES_NEW and store._top_label(src, {}) in DEMOTES_NEW:
+        if rel in DEMOTES_NEW and top_label(src, store._atoms) in DEMOTES_NEW:
             out.append((src, rel))
     return out
 

@@ -56,6 +56,7 @@ from .atom import parse_day
 from .embeddings import Embedder
 from .errors import AtomNotFoundError, InvalidAtomError, MemoryStoreError
 from .store import COLLECTION_PREFIX, AtomStore
+from .validation import clean_strings
 
 PROFILES_SUFFIX = ".profiles"
 KINDS = ("trait", "preference", "history")
@@ -247,7 +248,7 @@ class ProfileLayer:
         if kind not in KINDS:
             raise InvalidAtomError(f"profile kind {kind!r} is not one of {', '.join(KINDS)}")
         day = None if time is None else parse_day(time)
-        return ProfileCandidate(name, attr, shown, day, AtomStore._clean_strings(source_ids, "source_ids"), kind)
+        return ProfileCandidate(name, attr, shown, day, clean_strings(source_ids, "source_ids"), kind)
 
     # ------------------------------------------------------------------ queue
     def queue(self, participant: str, attribute: str, value: str, *, time: Any = None,
