@@ -17,66 +17,122 @@ between units. Units are the granularity of evidence recall and relation supervi
 (e.g. "Title: sentence", "Speaker (date): utterance"); the oracle stores it. ``role`` says whether a
 unit is gold evidence for some question, a confounder (similar to evidence but about something else),
 a distractor or plain context; environments use it for the confounder-token share.
+
+Every task read from a file goes through :meth:`Task.from_dict`: pydantic checks it against the
+dataclasses' annotations below (strings are strict, ``role`` and ``kind`` are literals, answers and
+evidence are non-empty lists of non-empty strings, units, questions and relations refuse unknown
+keys), plus the per-task id checks (no duplicate unit or question id, evidence names units of the
+task); the first error becomes one line naming the field (``questions[0].answers: expected a list,
+got str 'Oslo'``). Dataclasses built in code are not re-checked beyond ``Task.__post_init__``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
-ROLES = ("evidence", "confounder", "distractor", "context")
-KINDS = ("documents", "dialogue")
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, ValidationInfo
+from pydantic import StrictStr, with_config
+
+Role = Literal["evidence", "confounder", "distractor", "context"]
+Kind = Literal["documents", "dialogue"]
+ROLES, KINDS = get_args(Role), get_args(Kind)
 
 
+# ------------------------------------------------------------------ field types (checked by pydantic in from_dict)
+# A wrong type used to pass and fail later, far from the file ("answers": "Oslo" made the oracle answer
+# "O"; an integer question id made every answer rejected), so strings are strict: no int, bool or null.
+def _int_id(v: Any) -> Any:
+    """Task and block ids may be JSON integers (some datasets number them); they become strings."""
+    if isinstance(v, str):
+        return v
+    if type(v) is int:
+        return str(v)
+    raise ValueError(f"expected a string or an integer, got {type(v).__name__} {v!r:.60}")
+
+
+def _seen(kind: str):
+    """An id validator that refuses an id seen before in the same task (``info.context`` is one per task)."""
+    def check(v: str, info: ValidationInfo) -> str:
+        if info.context is not None:
+            ids = info.context[kind]
+            if v in ids:
+                raise ValueError(f"duplicate {kind} id {v!r}")
+            ids.add(v)
+        return v
+    return AfterValidator(check)
+
+
+def _units_known(ids: list[str], info: ValidationInfo) -> list[str]:
+    # evidence names units of this task (the blocks are validated first): an id that is none (a typo,
+    # another task's) would make evidence recall and the evidence bonus silently 0 for the question
+    for e in ids if info.context is not None else ():
+        if e not in info.context["unit"]:
+            raise ValueError(f"no unit has id {e!r}")
+    return ids
+
+
+Text = Annotated[StrictStr, Field(pattern=r"\S")]  # a non-empty string
+Texts = Annotated[list[Text], Field(min_length=1)]
+OptStr = StrictStr | None
+IntId = Annotated[str, BeforeValidator(_int_id)]
+# units, questions and relations refuse unknown keys; a left-out evidence list is checked like a given one
+_FORBID = ConfigDict(extra="forbid", validate_default=True)
+
+
+@with_config(_FORBID)
 @dataclass
 class Unit:
-    id: str
-    text: str
-    role: str = "context"
-    speaker: str | None = None
-    fact: str | None = None
+    id: Annotated[StrictStr, _seen("unit")]
+    text: StrictStr
+    role: Role = "context"
+    speaker: OptStr = None
+    fact: OptStr = None
 
     def statement(self) -> str:
         return self.fact or self.text
 
 
 @dataclass
-class Block:
-    id: str
+class Block:  # tasks and blocks may carry extra keys, which are ignored
+    id: IntId
     units: list[Unit]
-    title: str | None = None
-    date: str | None = None
+    title: OptStr = None
+    date: OptStr = None
 
 
+@with_config(_FORBID)
 @dataclass
 class Question:
-    id: str
-    question: str
-    answers: list[str]
-    evidence: list[str] = field(default_factory=list)
+    id: Annotated[StrictStr, _seen("question")]
+    question: Text
+    answers: Texts
+    evidence: Annotated[Texts, AfterValidator(_units_known)] = field(default_factory=list)
     category: Any = None
-    date: str | None = None
+    date: OptStr = None
 
 
+@with_config(_FORBID)
 @dataclass
 class GoldRelation:
-    new: str
-    old: str
-    label: str
+    new: StrictStr
+    old: StrictStr
+    label: StrictStr
 
 
 @dataclass
 class Task:
-    id: str
-    kind: str
+    id: IntId
+    kind: Kind
     blocks: list[Block]
-    questions: list[Question]
-    source: str = "synthetic"
-    relations: list[GoldRelation] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
+    questions: Annotated[list[Question], Field(min_length=1)]
+    source: StrictStr = "synthetic"
+    relations: Annotated[list[GoldRelation], BeforeValidator(lambda v: [] if v is None else v)] = field(default_factory=list)
+    meta: Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v)] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -102,98 +158,42 @@ class Task:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Task":
-        """The task, after checking ``d`` against the schema above; a ValueError names the first field
-        that does not fit (``questions[1].answers: expected a list of strings, got str``)."""
-        validate(d)
-        blocks = [Block(id=str(b["id"]), title=b.get("title"), date=b.get("date"), units=[Unit(**u) for u in b["units"]])
-                  for b in d["blocks"]]
-        return cls(id=str(d["id"]), kind=d.get("kind", "documents"), blocks=blocks,
-                   questions=[Question(**q) for q in d["questions"]], source=d.get("source", "unknown"),
-                   relations=[GoldRelation(**r) for r in d.get("relations") or []], meta=dict(d.get("meta") or {}))
+    def from_dict(cls, d: Any) -> "Task":
+        """The task, after pydantic checks ``d`` against the field types above; a ValueError names the
+        first field that does not fit (``questions[1].answers: expected a list, got str 'Oslo'``)."""
+        if isinstance(d, dict):  # what a task read from a file gets when it leaves these out
+            d = {"kind": "documents", "source": "unknown", **d}
+        try:
+            return _adapter().validate_python(d, context={"unit": set(), "question": set()})
+        except ValidationError as exc:
+            raise ValueError(_first_error(exc)) from None
 
 
-# ------------------------------------------------------------------ schema checks (before any work)
-# field -> (accepted JSON types, required); a wrong type used to pass and fail later, far from the file
-# ("answers": "Oslo" made the oracle answer "O"; an integer question id made every answer rejected)
-_STR, _OPT_STR = (str,), (str, type(None))
-_UNIT = {"id": (_STR, True), "text": (_STR, True), "role": (_STR, False), "speaker": (_OPT_STR, False),
-         "fact": (_OPT_STR, False)}
-_BLOCK = {"id": ((str, int), True), "units": ((list,), True), "title": (_OPT_STR, False), "date": (_OPT_STR, False)}
-_QUESTION = {"id": (_STR, True), "question": (_STR, True), "answers": ((list,), True), "evidence": ((list,), False),
-             "category": ((object,), False), "date": (_OPT_STR, False)}
-_RELATION = {"new": (_STR, True), "old": (_STR, True), "label": (_STR, True)}
-_TASK = {"id": ((str, int), True), "kind": (_STR, False), "source": (_STR, False), "blocks": ((list,), True),
-         "questions": ((list,), True), "relations": ((list, type(None)), False), "meta": ((dict, type(None)), False)}
+@functools.cache
+def _adapter() -> TypeAdapter[Task]:
+    return TypeAdapter(Task)
 
 
-def _fields(obj: Any, spec: dict, where: str, strict: bool = True) -> None:
-    """``strict``: unknown keys are errors (units, questions and relations always refused them; tasks and
-    blocks may carry extra keys, which are ignored)."""
-    if not isinstance(obj, dict):
-        raise ValueError(f"{where or 'task'}: expected a JSON object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - set(spec))
-    if unknown and strict:
-        raise ValueError(f"{where or 'task'}: unknown field(s) {', '.join(map(repr, unknown))}")
-    for key, (kinds, required) in spec.items():
-        name = f"{where}.{key}" if where else key
-        if key not in obj:
-            if required:
-                raise ValueError(f"{name}: missing")
-            continue
-        v = obj[key]
-        if kinds != (object,) and (isinstance(v, bool) or not isinstance(v, kinds)):
-            want = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-            raise ValueError(f"{name}: expected {want}, got {type(v).__name__} {v!r:.60}")
+# pydantic's error types -> the words of the one-line error (ctx fills the braces)
+_EXPECTED = {"string_type": "expected a string", "list_type": "expected a list", "dict_type": "expected a JSON object",
+             "dataclass_type": "expected a JSON object", "string_pattern_mismatch": "expected a non-empty string",
+             "too_short": "expected at least one item", "literal_error": "expected {expected}"}
 
 
-def _strings(values: list, name: str, non_empty: bool) -> None:
-    if non_empty and not values:
-        raise ValueError(f"{name}: expected at least one string, got []")
-    for i, v in enumerate(values):
-        if not isinstance(v, str) or (non_empty and not v.strip()):
-            raise ValueError(f"{name}[{i}]: expected a non-empty string, got {v!r:.60}")
-
-
-def _unique(ids: list, what: str) -> None:
-    seen = set()
-    for i in ids:
-        if i in seen:
-            raise ValueError(f"duplicate {what} id {i!r}")
-        seen.add(i)
-
-
-def validate(d: Any) -> None:
-    """Raise ValueError naming the field (``blocks[0].units[2].text``) unless ``d`` is a task."""
-    _fields(d, _TASK, "", strict=False)
-    if d.get("kind", "documents") not in KINDS:
-        raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {d['kind']!r}")
-    units = []
-    for bi, b in enumerate(d["blocks"]):
-        _fields(b, _BLOCK, f"blocks[{bi}]", strict=False)
-        for ui, u in enumerate(b["units"]):
-            _fields(u, _UNIT, f"blocks[{bi}].units[{ui}]")
-            if u.get("role", "context") not in ROLES:
-                raise ValueError(f"blocks[{bi}].units[{ui}].role: expected one of {', '.join(ROLES)}, got {u['role']!r}")
-            units.append(u["id"])
-    _unique(units, "unit")
-    unit_ids = set(units)
-    if not d["questions"]:
-        raise ValueError("questions: the task has none")
-    for qi, q in enumerate(d["questions"]):
-        _fields(q, _QUESTION, f"questions[{qi}]")
-        if not q["question"].strip():
-            raise ValueError(f"questions[{qi}].question: empty")
-        _strings(q["answers"], f"questions[{qi}].answers", non_empty=True)
-        _strings(q.get("evidence") or [], f"questions[{qi}].evidence", non_empty=True)
-        # evidence names units of this task: an id that is none (a typo, another task's) would make
-        # evidence recall and the evidence bonus silently 0 for the question
-        unknown = [e for e in q.get("evidence") or [] if e not in unit_ids]
-        if unknown:
-            raise ValueError(f"questions[{qi}].evidence: no unit has id {unknown[0]!r}")
-    _unique([q["id"] for q in d["questions"]], "question")
-    for ri, r in enumerate(d.get("relations") or []):
-        _fields(r, _RELATION, f"relations[{ri}]")
+def _first_error(exc: ValidationError) -> str:
+    """pydantic's first error as one line: the field path (``blocks[0].units[2].text``), what is wrong."""
+    e = exc.errors()[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".") or "task"
+    if e["type"] == "missing":
+        what = "missing"
+    elif e["type"] == "unexpected_keyword_argument":
+        what = "unknown field"
+    elif e["type"] == "value_error":  # one of the validators above: the message is complete
+        what = str(e["ctx"]["error"])
+    else:
+        what = _EXPECTED[e["type"]].format(**e.get("ctx", {})) if e["type"] in _EXPECTED else e["msg"]
+        what += f", got {type(e['input']).__name__} {e['input']!r:.60}"
+    return f"{where}: {what}"
 
 
 def save_tasks(tasks: Iterable[Task], path: str | Path) -> int:
