@@ -4,8 +4,9 @@ This is TRL's convention (``trl.TrlParser.parse_args_and_config``: the YAML sets
 defaults, the command line overrides them, an optional ``env:`` mapping sets environment variables).
 TrlParser is reused for the parsing; what it does not do, and this module adds, is to check the YAML
 *before any work starts*: every key must be a field of the config class and every value must match
-the field's type, and the error names the file and the key (TrlParser would pass a wrong-typed YAML
-value through unchecked, and report unknown keys without the file name).
+the field's type (pydantic, against the dataclass's annotations), and the error names the file and
+the key (TrlParser would pass a wrong-typed YAML value through unchecked, and report unknown keys
+without the file name).
 
     from atommem_rl.training.recipes import parse_recipe_args, load_recipe
     config = parse_recipe_args(SFTRecipeConfig, ["--config", "recipes/quickstart/sft.yaml", "--max_steps", "2"])
@@ -26,6 +27,7 @@ import argparse
 import dataclasses
 import difflib
 import enum
+import functools
 import importlib
 import math
 import os
@@ -34,7 +36,10 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, Strict, TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # (a pydantic dependency) pydantic needs this one before Python 3.12
 
 # recipe file name -> config class ("module:Class"); the GRPO/PPO entries resolve once those land.
 RECIPE_CONFIGS: dict[str, str] = {
@@ -85,75 +90,51 @@ def read_yaml(path: str | os.PathLike) -> dict:
 
 
 # ------------------------------------------------------------------ type checks against field annotations
-def _coerce(value: Any, tp: Any) -> Any:
-    """``value`` converted to annotation ``tp``; raises TypeError when it does not fit."""
-    if tp is Any or tp is typing.Any:
-        return value
+# pydantic checks a recipe strictly against the config's annotations (no bool for a count, no "5" for
+# an int, unions and lists checked member by member), except where YAML writes the value differently:
+def _as_str(v: Any) -> Any:  # a YAML number such as `synth_questions: 2` for a str field
+    return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def _as_float(v: Any) -> Any:  # PyYAML reads 1e-6 (no dot) as a string
+    return float(v) if isinstance(v, str) else v
+
+
+def _as_int(v: Any) -> Any:  # 2.0 is 2
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def _as_bool(v: Any) -> Any:  # a quoted "yes"
+    return v.lower() in ("true", "yes") if isinstance(v, str) and v.lower() in ("true", "false", "yes", "no") else v
+
+
+_YAML_SCALARS = {str: Annotated[str, BeforeValidator(_as_str)], float: Annotated[float, BeforeValidator(_as_float)],
+                 int: Annotated[int, BeforeValidator(_as_int)], bool: Annotated[bool, BeforeValidator(_as_bool)]}
+
+
+def _yaml_type(tp: Any) -> Any:
+    """Annotation ``tp`` with its scalars as YAML writes them (above) and enums taking their values."""
+    if tp in _YAML_SCALARS:
+        return _YAML_SCALARS[tp]
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return Annotated[tp, Strict(False)]
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        # try exact-type members first so that "2" stays a str for `int | str`
-        members = sorted((a for a in args if a is not type(None)), key=lambda a: a is not str)
-        for a in members:
-            try:
-                return _coerce(value, a)
-            except TypeError:
-                continue
-        raise TypeError
-    if tp is type(None):
-        if value is None:
-            return None
-        raise TypeError
-    if origin is typing.Literal:
-        if value in args:
-            return value
-        raise TypeError
-    if origin in (list, tuple, set) or tp in (list, tuple):
-        if not isinstance(value, list):
-            raise TypeError
-        return [_coerce(v, args[0]) for v in value] if args else value
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise TypeError
-        return value
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        values = [e.value for e in tp]
-        if isinstance(value, tp) or value in values:
-            return value
-        raise TypeError
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no"):
-            return value.lower() in ("true", "yes")
-        raise TypeError
-    if tp is int:
-        if isinstance(value, bool):
-            raise TypeError
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise TypeError
-    if tp is float:
-        if isinstance(value, bool):
-            raise TypeError
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):  # PyYAML reads 1e-6 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                raise TypeError from None
-        raise TypeError
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # a YAML scalar such as `synth_questions: 2` for a str field
-        raise TypeError
-    return value  # any other annotation: left to the dataclass's own checks
+        return typing.Union[tuple(map(_yaml_type, args))]
+    if origin in (list, tuple, set, dict) and args:
+        return origin[tuple(map(_yaml_type, args))]
+    return tp
+
+
+@functools.cache
+def _recipe_adapter(config_cls: type) -> TypeAdapter:
+    """A TypedDict of the config's init fields, all optional: validates a recipe without building the
+    config (a TRL config's __post_init__ would set up devices)."""
+    hints = typing.get_type_hints(config_cls)
+    keys = {f.name: _yaml_type(hints.get(f.name, Any)) for f in dataclasses.fields(config_cls) if f.init}
+    shape = TypedDict(config_cls.__name__, keys, total=False)
+    shape.__pydantic_config__ = ConfigDict(strict=True, extra="forbid", arbitrary_types_allowed=True)
+    return TypeAdapter(shape)
 
 
 def _type_name(tp: Any) -> str:
@@ -162,25 +143,22 @@ def _type_name(tp: Any) -> str:
 
 def check_recipe(config_cls: type, data: dict, source: str) -> dict:
     """Validated, type-converted recipe values (``env`` excluded). Raises RecipeError naming ``source``."""
-    hints = typing.get_type_hints(config_cls)
-    fields = {f.name: f for f in dataclasses.fields(config_cls) if f.init}
-    out = {}
-    for key, value in data.items():
-        if key == "env":
-            if not isinstance(value, dict):
-                raise RecipeError(f"{source}: key 'env' must be a mapping of environment variables")
-            continue
-        if key not in fields:
-            near = difflib.get_close_matches(key, list(fields), n=3)
-            hint = f"; did you mean {', '.join(near)}?" if near else ""
-            raise RecipeError(f"{source}: unknown key {key!r} for {config_cls.__name__}{hint}")
-        tp = hints.get(key, Any)
-        try:
-            out[key] = _coerce(value, tp)
-        except TypeError:
-            raise RecipeError(f"{source}: key {key!r} must be {_type_name(tp)}, got {value!r} "
-                              f"({type(value).__name__})") from None
-    return out
+    if "env" in data and not isinstance(data["env"], dict):
+        raise RecipeError(f"{source}: key 'env' must be a mapping of environment variables")
+    values = {k: v for k, v in data.items() if k != "env"}
+    try:
+        return _recipe_adapter(config_cls).validate_python(values)
+    except ValidationError as exc:
+        first = exc.errors()[0]  # loc[0]: the key (then a union member or a list index)
+    key = first["loc"][0]
+    if first["type"] == "extra_forbidden":
+        fields = [f.name for f in dataclasses.fields(config_cls) if f.init]
+        near = difflib.get_close_matches(key, fields, n=3)
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        raise RecipeError(f"{source}: unknown key {key!r} for {config_cls.__name__}{hint}")
+    value = data[key]
+    raise RecipeError(f"{source}: key {key!r} must be {_type_name(typing.get_type_hints(config_cls)[key])}, "
+                      f"got {value!r} ({type(value).__name__})")
 
 
 def parse_recipe_args(config_cls: type, argv: list[str] | None = None, apply_env: bool = True):
