@@ -76,8 +76,16 @@ def _units_known(ids: list[str], info: ValidationInfo) -> list[str]:
     return ids
 
 
+def _at_least_one(what: str) -> AfterValidator:
+    def check(items: list) -> list:
+        if not items:
+            raise ValueError(f"expected at least one {what}, got []")
+        return items
+    return AfterValidator(check)
+
+
 Text = Annotated[StrictStr, Field(pattern=r"\S")]  # a non-empty string
-Texts = Annotated[list[Text], Field(min_length=1)]
+Texts = Annotated[list[Text], _at_least_one("string")]
 OptStr = StrictStr | None
 IntId = Annotated[str, BeforeValidator(_int_id)]
 # units, questions and relations refuse unknown keys; a left-out evidence list is checked like a given one
@@ -129,7 +137,7 @@ class Task:
     id: IntId
     kind: Kind
     blocks: list[Block]
-    questions: Annotated[list[Question], Field(min_length=1)]
+    questions: Annotated[list[Question], _at_least_one("question")]
     source: StrictStr = "synthetic"
     relations: Annotated[list[GoldRelation], BeforeValidator(lambda v: [] if v is None else v)] = field(default_factory=list)
     meta: Annotated[dict[str, Any], BeforeValidator(lambda v: {} if v is None else v)] = field(default_factory=dict)
@@ -177,7 +185,7 @@ def _adapter() -> TypeAdapter[Task]:
 # pydantic's error types -> the words of the one-line error (ctx fills the braces)
 _EXPECTED = {"string_type": "expected a string", "list_type": "expected a list", "dict_type": "expected a JSON object",
              "dataclass_type": "expected a JSON object", "string_pattern_mismatch": "expected a non-empty string",
-             "too_short": "expected at least one item", "literal_error": "expected {expected}"}
+             "literal_error": "expected {expected}"}
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -188,7 +196,7 @@ def _first_error(exc: ValidationError) -> str:
         what = "missing"
     elif e["type"] == "unexpected_keyword_argument":
         what = "unknown field"
-    elif e["type"] == "value_error":  # one of the validators above: the message is complete
+    elif e["type"] == "value_error":  # one of the validators above
         what = str(e["ctx"]["error"])
     else:
         what = _EXPECTED[e["type"]].format(**e.get("ctx", {})) if e["type"] in _EXPECTED else e["msg"]
