@@ -64,7 +64,7 @@ def make_policy(name: str, **kw) -> Policy:
 
         return FuzzPolicy(**kw)
     if name == "model":
-        from .policies.model import ModelPolicy
+        from .policies.model_policy import ModelPolicy
 
         return ModelPolicy(**kw)
     raise ValueError(f"unknown policy {name!r}; expected oracle, heuristic, random, fuzz or model")

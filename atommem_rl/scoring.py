@@ -178,7 +178,7 @@ class LLMJudge:
         self._cache: dict[tuple[str, str, str], float] = {}
 
     def __call__(self, question: str, answer: object, gold: str | Sequence[str]) -> float:
-        from atommem_rl.endpoints import chat
+        from atommem_rl.inference.endpoints import chat
 
         gold_s = " | ".join(_golds(gold))
         ans = answer if isinstance(answer, str) else ("" if answer is None else str(answer))

@@ -78,7 +78,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     save_tasks(tasks, out / "heldout.jsonl")
 
-    from atommem_rl.eval.backend import make_backend
+    from atommem_rl.inference.chat_backends import make_backend
     from atommem_rl.eval.data import load_dataset
     from atommem_rl.eval.harness import evaluate
 

@@ -1,4 +1,4 @@
-"""Every OpenAI-compatible call goes through one client (atommem_rl/endpoints.py, the openai SDK): against a
+"""Every OpenAI-compatible call goes through one client (atommem_rl/inference/endpoints.py, the openai SDK): against a
 real local HTTP server that fails its first requests, the policy, the evaluation backend, the LLM judge and
 the embedder all retry and succeed; an endpoint that never answers is one clear error naming it, after the
 same number of attempts for each."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from atommem_rl.endpoints import MAX_RETRIES, EndpointError, chat, embed
+from atommem_rl.inference.endpoints import MAX_RETRIES, EndpointError, chat, embed
 
 from .conftest import JsonEndpoint, chat_reply
 
@@ -56,9 +56,9 @@ def test_a_dead_endpoint_is_one_error_after_the_retries(kind):
 
 def test_every_caller_uses_the_retrying_client(tmp_path):
     """Policy, evaluation backend, judge and embedder each get through a server whose first request fails."""
-    from atommem_rl.eval.backend import OpenAIBackend, Request
+    from atommem_rl.inference.chat_backends import OpenAIBackend, Request
     from atommem_rl.memory.embeddings import OpenAIEmbedder
-    from atommem_rl.policies.model import ModelPolicy
+    from atommem_rl.policies.model_policy import ModelPolicy
     from atommem_rl.scoring import LLMJudge
 
     with Flaky(fail=1) as ep:

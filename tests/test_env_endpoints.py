@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from atommem_rl.policies.model import ModelPolicy
+from atommem_rl.policies.model_policy import ModelPolicy
 from atommem_rl.rollout import run_rollouts
 from atommem_rl.tasks.synth import generate_task
 from envs.parser import format_tool_call as tc

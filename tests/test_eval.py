@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from atommem_rl.eval.backend import Backend, HFBackend
+from atommem_rl.inference.chat_backends import Backend, HFBackend
 from atommem_rl.eval.data import load_dataset
 from atommem_rl.eval.harness import evaluate, run_policy
 from atommem_rl.eval.methods import ALL_METHODS, EvalSettings, pack_chunks, parse_mem0, parse_roam, public_task, unit_lines
@@ -291,7 +291,7 @@ def test_real_subsets_every_method(tmp_path, tiny):
 
 def test_openai_backend_counts_endpoint_usage(tmp_path):
     """The OpenAI-compatible path against a real local HTTP server that replies with fixed text."""
-    from atommem_rl.eval.backend import make_backend
+    from atommem_rl.inference.chat_backends import make_backend
 
     from .conftest import JsonEndpoint, chat_reply
 

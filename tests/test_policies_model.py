@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atommem_rl.policies.model import ModelPolicy
+from atommem_rl.policies.model_policy import ModelPolicy
 from atommem_rl.rollout import run_rollouts, summarize
 from atommem_rl.tasks.synth import generate_tasks
 from envs.tokens import cached_smollm2_tokenizer

@@ -14,7 +14,8 @@ import os
 
 import pytest
 
-from atommem_rl.policies.model import ModelPolicy, vllm_available
+from atommem_rl.inference.vllm_engine import vllm_available
+from atommem_rl.policies.model_policy import ModelPolicy
 from tests.conftest import require
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -135,7 +136,7 @@ def test_eval_backend_vllm_counts_and_matches_hf(tiny):
     """``atommem eval --backend vllm`` (and ``atommem quickstart --backend vllm``): the evaluation backend
     on vLLM's engine answers every request in order, counts calls and tokens per task key, and greedy
     replies equal Hugging Face generate's on the same chat."""
-    from atommem_rl.eval.backend import Request, make_backend
+    from atommem_rl.inference.chat_backends import Request, make_backend
 
     reqs = [Request([{"role": "user", "content": f"Question {i}: where is the {w}?"}], 6, key=i % 2)
             for i, w in enumerate(["key", "lamp", "ship"])]
@@ -144,7 +145,7 @@ def test_eval_backend_vllm_counts_and_matches_hf(tiny):
         got = vllm.generate(reqs)
         usage = {k: dict(v) for k, v in vllm.usage.items()}
     finally:
-        del vllm.llm
+        vllm.close()  # frees the engine's workers before the HF model loads
     hf = make_backend("hf", str(tiny), context_window=2048)
     assert got == hf.generate(reqs)
     assert usage[0]["calls"] == 2 and usage[1]["calls"] == 1

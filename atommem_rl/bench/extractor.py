@@ -39,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args) -> int:
     import time
 
-    from atommem_rl.eval.backend import make_backend
+    from atommem_rl.inference.chat_backends import make_backend
     from atommem_rl.extraction.extractor import ExtractSettings, add_stats, extract_tasks
     from atommem_rl.extraction.gold import score, synth_tasks, window_gold
 

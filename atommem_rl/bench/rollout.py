@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _backends(spec: str | None) -> list[str]:
-    from atommem_rl.policies.model import vllm_available
+    from atommem_rl.inference.vllm_engine import vllm_available
 
     if spec is None:
         return ["hf"] + (["vllm"] if vllm_available() else [])
@@ -117,7 +117,7 @@ def _median_figures(runs: list[dict]) -> dict:
 
 
 def bench_backend(backend: str, args, model_path: str, tasks, env_config: dict) -> dict:
-    from atommem_rl.policies.model import ModelPolicy
+    from atommem_rl.policies.model_policy import ModelPolicy
 
     t0 = time.perf_counter()
     policy = ModelPolicy(model_path, backend=backend, max_new_tokens=args.max_new_tokens,
@@ -142,7 +142,7 @@ def bench_backend(backend: str, args, model_path: str, tasks, env_config: dict) 
 
 
 def main(args) -> int:
-    from atommem_rl.policies.model import default_model_path
+    from atommem_rl.policies.model_policy import default_model_path
     from atommem_rl.tasks.synth import generate_tasks
 
     # vLLM logs to stdout by default: keep stdout for the figures (set before vllm is imported)

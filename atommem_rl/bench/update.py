@@ -278,7 +278,7 @@ def main(args) -> int:
             path = str(tiny_model(os.path.join(tmp, "tiny"), hidden_size=32, layers=2, heads=2, kv_heads=1,
                                   intermediate_size=64, seed=args.seed))
         else:
-            from atommem_rl.policies.model import default_model_path
+            from atommem_rl.policies.model_policy import default_model_path
 
             path = os.path.abspath(args.model) if args.model else default_model_path()
             check_checkpoint(path)

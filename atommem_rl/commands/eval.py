@@ -97,7 +97,7 @@ def _datasets(specs: list[str], limit, max_blocks) -> tuple[dict, dict]:
 
 
 def main(args) -> int:
-    from atommem_rl.eval.backend import make_backend
+    from atommem_rl.inference.chat_backends import make_backend
     from atommem_rl.eval.harness import evaluate
     from atommem_rl.eval.methods import ALL_METHODS, EvalSettings
     from atommem_rl.models import check_checkpoint

@@ -2,7 +2,8 @@
 
     harness.evaluate(datasets, methods, out_dir, ...)   run, score, write every output
     methods      the methods (reader baselines, policy methods) and EvalSettings
-    backend      one reader/policy model behind hf | vllm | openai, calls and tokens counted per task
+    (models)     every LLM call goes through atommem_rl.inference.chat_backends (hf | vllm | openai),
+                 calls and tokens counted per task
     metrics      aggregation and the metrics.json schema
     report, plots, viewer   report.md, PNG plots, viewer.html
 

@@ -22,7 +22,7 @@ from atommem_rl import scoring
 from atommem_rl.policies.base import Policy, memory_lines, sections
 from atommem_rl.tasks.schema import Task
 
-from .backend import Backend, Request, RoutedBackend
+from atommem_rl.inference.chat_backends import Backend, Request, RoutedBackend
 from .methods import (LLM_METHODS, PIPELINE_METHODS, READERS, Episode, EvalSettings, Item, drive, public_task)
 
 

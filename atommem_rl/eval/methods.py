@@ -1,4 +1,4 @@
-"""The evaluated methods. Every LLM call goes through one :class:`~atommem_rl.eval.backend.Backend`
+"""The evaluated methods. Every LLM call goes through one :class:`~atommem_rl.inference.chat_backends.Backend`
 (the same reader model for all of them) and is counted per task.
 
 Reader methods build a context per question and ask the reader (one call per question):
@@ -52,7 +52,7 @@ from typing import Any
 
 from atommem_rl.tasks.schema import Task
 
-from .backend import Backend, Request
+from atommem_rl.inference.chat_backends import Backend, Request
 from .reading import (ROAM_SYSTEM, Episode, Item, answer_all, clean_answer, drive, fit_items, new_store,  # noqa: F401
                       parse_roam, reader_budget, reader_messages, store_memory)
 

@@ -70,7 +70,7 @@ def aggregate(records: list[dict]) -> dict:
     res["completion_tokens_per_task"] = u("completion_tokens")
     res["tokens_per_task"] = res["prompt_tokens_per_task"] + res["completion_tokens_per_task"]
     res["cut_prompts"] = int(u("cut_prompts") * n)
-    from .backend import merge_roles
+    from atommem_rl.inference.chat_backends import merge_roles
 
     roles = merge_roles((r.get("usage") or {}).get("by_role") or {} for r in records)
     res["tokens_by_role_per_task"] = {role: (v["prompt_tokens"] + v["completion_tokens"]) / n for role, v in sorted(roles.items())}

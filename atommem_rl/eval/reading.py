@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from atommem_rl.tasks.schema import Task
 
-from .backend import Backend, Request
+from atommem_rl.inference.chat_backends import Backend, Request
 
 if TYPE_CHECKING:
     from .methods import EvalSettings

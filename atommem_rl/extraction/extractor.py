@@ -24,7 +24,7 @@ Algorithm.
    (``schema.anchor_relative``) or else the session day; a fact without participants gets the
    speakers of its source turns.
 
-The extractor runs on any backend of ``atommem_rl.eval.backend`` (Hugging Face, vLLM, OpenAI-compatible):
+The extractor runs on any backend of ``atommem_rl.inference.chat_backends`` (Hugging Face, vLLM, OpenAI-compatible):
 :func:`extract_block` is a generator that yields lists of ``Request`` and receives the replies, so
 the eval harness can batch it with other episodes (``reading.drive``); :func:`extract_tasks` drives
 it directly.
@@ -37,7 +37,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from atommem_rl.eval.backend import Backend, Request
+from atommem_rl.inference.chat_backends import Backend, Request
 from atommem_rl.tasks.schema import Block, Task
 
 from .schema import Fact, SchemaError, anchor_relative, parse_reply, validate

@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     rows, info = ([] if args.no_gold else gold_rows(tasks, golds, TokenCounter(tok))), {}
     info["gold_rows"] = len(rows)
     if args.teacher_url:
-        from atommem_rl.eval.backend import make_backend
+        from atommem_rl.inference.chat_backends import make_backend
 
         teacher = make_backend("openai", base_url=args.teacher_url, model_name=args.teacher_model,
                                tokenizer=args.tokenizer)

@@ -19,7 +19,7 @@ Per task, block by block (a dialogue session or a document), in stream order:
 Variants (``VARIANTS``): ``atommem_graph`` (everything), ``atommem_flat`` (facts only: no events,
 profiles or graph), ``no_graph`` (events and profiles, hybrid retrieval: no RWR, no event
 compensation), ``no_profile`` (graph retrieval, no profiles). Every call (extraction, retries,
-verification, answering) goes through the eval backend and is counted per task. Settings from
+verification, answering) goes through the chat backend (``atommem_rl.inference.chat_backends``) and is counted per task. Settings from
 ``EvalSettings`` (so ``atommem eval`` flags): the extractor's output budget is
 ``--policy-max-new-tokens`` and its window at most ``--chunk-tokens`` tokens (and 8 turns); answers
 use ``--retrieval-k`` facts and ``--reader-max-new-tokens``.

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from atommem_rl.eval.backend import Request
+from atommem_rl.inference.chat_backends import Request
 from atommem_rl.memory import text as _text
 from atommem_rl.memory.atom import DEMOTES_NEW, DEMOTES_OLD, PRIORITY, Relation
 from atommem_rl.memory.events import jaccard

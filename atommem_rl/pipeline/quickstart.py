@@ -307,7 +307,7 @@ class Quickstart:
     def phase_eval(self) -> dict:
         from tqdm.auto import tqdm
 
-        from atommem_rl.eval.backend import make_backend
+        from atommem_rl.inference.chat_backends import make_backend
         from atommem_rl.eval.data import load_dataset
         from atommem_rl.eval.harness import evaluate
 

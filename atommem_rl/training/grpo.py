@@ -262,7 +262,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
     def __init__(self, *args, env_config: dict | None = None, rollout_batch_size: int | None = None, **kwargs):
         cfg = kwargs.get("args", args[2] if len(args) > 2 else None)
         if getattr(cfg, "use_vllm", False) and getattr(cfg, "vllm_mode", None) == "colocate":
-            from atommem_rl.policies.model import keep_vllm_cpu_weights_loadable
+            from atommem_rl.inference.vllm_cpu import keep_vllm_cpu_weights_loadable
 
             keep_vllm_cpu_weights_loadable()  # before TRL builds the engine; see its docstring
         refuse_unsupported(cfg, kwargs.get("peft_config"))

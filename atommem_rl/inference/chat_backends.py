@@ -7,26 +7,39 @@ model actually read) and ``completion_tokens`` (generated tokens up to and inclu
 and the same split by the request's ``role`` (``take_usage(key)["by_role"]``: e.g. the graph-memory
 pipeline's ``extract``, ``verify`` and ``reader`` (answer) calls; mem0's and MemAgent's ``manage``).
 
-    hf       Hugging Face ``generate``: requests sorted by length, left-padded, ``batch_size`` per
-             forward; greedy. Loads a model folder or a LoRA adapter folder through
-             ``atommem_rl.models.load_policy`` (clear ``CheckpointError`` naming the path).
-    vllm     ``vllm.LLM.chat`` on all requests at once (token counts from the engine's outputs).
-    openai   an OpenAI-compatible ``/v1/chat/completions`` endpoint (``vllm serve``): one request per
-             call, sent concurrently; token counts from the response's ``usage``.
+Each backend is a thin user of one engine of the inference layer, which generates and counts:
 
-``context_window`` is the model's maximum positions (or ``--context-tokens``); a prompt longer than
-``context_window - max_new_tokens`` is cut from the left (its chat frame kept) and counted in
-``usage[key]["cut_prompts"]`` -- methods build their contexts to fit, so a cut is a reported
-anomaly, not a silent truncation.
+    hf       Hugging Face ``generate`` (``hf_engine.py``): requests sorted by length, left-padded,
+             ``batch_size`` per forward; greedy; a reply ends at any special token. Loads a model folder
+             or a LoRA adapter folder through ``atommem_rl.models.load_policy`` (clear ``CheckpointError``
+             naming the path).
+    vllm     vLLM's offline engine (``vllm_engine.py``) on all requests at once, prompts as the same token
+             ids HF generate gets (token counts from the engine's outputs).
+    openai   an OpenAI-compatible ``/v1/chat/completions`` endpoint (``endpoint_engine.py``, e.g.
+             ``vllm serve``): one request per call, sent concurrently; token counts from the response's
+             ``usage`` (counted with the tokenizer where it reports none).
+
+``context_window`` is the model's maximum positions (or ``--context-tokens``; vLLM: the engine's
+``max_model_len``); for hf and vllm a prompt longer than ``context_window - max_new_tokens`` (at least 16)
+keeps its last tokens and is counted in ``usage[key]["cut_prompts"]`` -- methods build their contexts to
+fit, so a cut is a reported anomaly, not a silent truncation.
+
+``make_backend(kind, model, ...)`` builds one (``atommem eval --backend``); :class:`RoutedBackend` puts
+several behind one interface by request role.
 """
 
 from __future__ import annotations
 
 import os
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from .endpoint_engine import EndpointEngine
+from .endpoints import chat_base_url
+from .generation import encode_chat, render_chat
+from .hf_engine import HFEngine
+from .vllm_engine import VLLMEngine
 
 USAGE_KEYS = ("calls", "prompt_tokens", "completion_tokens", "cut_prompts")
 ROLE_KEYS = ("calls", "prompt_tokens", "completion_tokens")
@@ -63,7 +76,7 @@ class Backend:
 
     # ---------------------------------------------------------------- counting helpers
     def render(self, messages: list[dict]) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return render_chat(self.tokenizer, messages)
 
     def count(self, text: str) -> int:
         return len(self.tokenizer.encode(text, add_special_tokens=False)) if text else 0
@@ -92,19 +105,28 @@ class Backend:
     def generate(self, requests: list[Request]) -> list[str]:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def _run(self, requests: list[Request], engine_generate) -> list[str]:
+        """A local engine's call: every prompt tokenised here (cut to ``context_window - max_new_tokens``,
+        at least 16 tokens kept), ``engine_generate(token ids)`` run once, each request counted."""
+        encoded = [encode_chat(self.tokenizer, r.messages, max(16, self.context_window - r.max_new_tokens))
+                   for r in requests]
+        done = engine_generate([ids for ids, _ in encoded]) if requests else []
+        for r, (_, cut), c in zip(requests, encoded, done):
+            self._account(r.key, c.prompt_tokens, c.completion_tokens, cut, r.role)
+        return [c.text for c in done]
+
     def close(self) -> None:
         pass
 
 
 class HFBackend(Backend):
-    """Hugging Face ``generate`` (CPU or GPU), greedy, batched."""
+    """Hugging Face ``generate`` (CPU or GPU), greedy, ``batch_size`` requests per forward
+    (:class:`~atommem_rl.inference.hf_engine.HFEngine`; a reply ends at any special token)."""
 
     name = "hf"
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, batch_size: int = 8,
                  context_window: int | None = None, dtype: str | None = None):
-        import torch
-
         if model is None or isinstance(model, (str, os.PathLike)):
             from atommem_rl.models import BASE_MODEL_DIR, load_policy, prepare_base_model
 
@@ -115,87 +137,40 @@ class HFBackend(Backend):
             name = str(path)
         else:
             name = getattr(model.config, "_name_or_path", "model") or "model"
-        model.eval()
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        self.engine = HFEngine(model, tokenizer, stop_at_special_tokens=True)
         window = context_window or getattr(model.config, "max_position_embeddings", None) or 2048
         super().__init__(name, tokenizer, window)
         self.model = model
         self.batch_size = batch_size
-        self.device = next(model.parameters()).device
-        self._torch = torch
+        self.device = self.engine.device
 
     def generate(self, requests: list[Request]) -> list[str]:
-        torch = self._torch
-        tok = self.tokenizer
-        outs: list[str] = [""] * len(requests)
-        encoded = []
-        for i, r in enumerate(requests):
-            ids = tok.encode(self.render(r.messages), add_special_tokens=False)
-            room = max(16, self.context_window - r.max_new_tokens)
-            cut = len(ids) > room
-            if cut:
-                ids = ids[len(ids) - room:]
-            encoded.append((i, ids, cut))
-        encoded.sort(key=lambda e: len(e[1]))
-        eos = set(tok.all_special_ids) if getattr(tok, "all_special_ids", None) else {tok.eos_token_id}
-        eos_id = self.model.generation_config.eos_token_id or tok.eos_token_id
-        for s in range(0, len(encoded), self.batch_size):
-            part = encoded[s:s + self.batch_size]
-            width = max(len(e[1]) for e in part)
-            pad = tok.pad_token_id
-            input_ids = torch.tensor([[pad] * (width - len(e[1])) + e[1] for e in part], device=self.device)
-            mask = torch.tensor([[0] * (width - len(e[1])) + [1] * len(e[1]) for e in part], device=self.device)
-            max_new = max(requests[e[0]].max_new_tokens for e in part)
-            with torch.no_grad():
-                gen = self.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new,
-                                          do_sample=False, pad_token_id=pad, eos_token_id=eos_id)
-            new = gen[:, width:].tolist()
-            for (i, ids, cut), row in zip(part, new):
-                row = row[: requests[i].max_new_tokens]
-                n = len(row)
-                for j, t in enumerate(row):
-                    if t in eos:
-                        n = j + 1
-                        break
-                outs[i] = tok.decode(row[:n], skip_special_tokens=True)
-                self._account(requests[i].key, len(ids), n, cut, requests[i].role)
-        return outs
+        return self._run(requests, lambda ids: self.engine.generate(
+            ids, [r.max_new_tokens for r in requests], batch_size=self.batch_size))
 
 
 class VLLMBackend(Backend):
-    """``vllm.LLM.chat`` (optional dependency; imported only when chosen)."""
+    """vLLM's offline engine on all requests at once (:class:`~atommem_rl.inference.vllm_engine.VLLMEngine`;
+    optional dependency, imported only when chosen)."""
 
     name = "vllm"
 
     def __init__(self, model: str | None = None, *, context_window: int | None = None, **llm_kwargs):
-        from transformers import AutoTokenizer
-        from vllm import LLM
+        from atommem_rl.models import BASE_MODEL_DIR
 
-        from atommem_rl.models import BASE_MODEL_DIR, check_checkpoint
-
-        from atommem_rl.policies.model import vllm_engine_kwargs
-
-        path = str(check_checkpoint(model or BASE_MODEL_DIR))
-        self.llm = LLM(model=path, max_model_len=context_window, **vllm_engine_kwargs(llm_kwargs))
-        window = context_window or self.llm.llm_engine.model_config.max_model_len
-        super().__init__(path, AutoTokenizer.from_pretrained(path), window)
+        self.engine = VLLMEngine(str(model or BASE_MODEL_DIR), max_model_len=context_window, **llm_kwargs)
+        super().__init__(self.engine.path, self.engine.tokenizer, context_window or self.engine.max_model_len)
 
     def generate(self, requests: list[Request]) -> list[str]:
-        from vllm import SamplingParams
+        return self._run(requests, lambda ids: self.engine.generate(ids, [r.max_new_tokens for r in requests]))
 
-        params = [SamplingParams(max_tokens=r.max_new_tokens, temperature=0.0) for r in requests]
-        outs = self.llm.chat([r.messages for r in requests], params, use_tqdm=False)
-        texts = []
-        for r, o in zip(requests, outs):
-            self._account(r.key, len(o.prompt_token_ids or []), len(o.outputs[0].token_ids), role=r.role)
-            texts.append(o.outputs[0].text)
-        return texts
+    def close(self) -> None:
+        self.engine.close()
 
 
 class OpenAIBackend(Backend):
-    """An OpenAI-compatible chat endpoint; ``tokenizer`` (a path) is used to fit contexts."""
+    """An OpenAI-compatible chat endpoint (:class:`~atommem_rl.inference.endpoint_engine.EndpointEngine`);
+    ``tokenizer`` (a path) is used to fit contexts and to count tokens where the endpoint reports none."""
 
     name = "openai"
 
@@ -210,27 +185,19 @@ class OpenAIBackend(Backend):
         tok = AutoTokenizer.from_pretrained(tokenizer) if tokenizer else (
             AutoTokenizer.from_pretrained(BASE_MODEL_DIR) if BASE_MODEL_DIR.exists() else base_tokenizer())
         super().__init__(model_name, tok, context_window)
-        from atommem_rl.endpoints import chat_base_url
-
+        self.engine = EndpointEngine(base_url, model_name, tokenizer=tok, concurrency=concurrency, timeout=timeout)
         self.base_url = base_url
         self.url = chat_base_url(base_url) + "/chat/completions"
         self.concurrency = concurrency
         self.timeout = timeout
 
-    def _one(self, r: Request) -> str:
-        from atommem_rl.endpoints import chat
-
-        reply = chat(self.base_url, self.model_name, r.messages, max_tokens=r.max_new_tokens, temperature=0.0,
-                     timeout=self.timeout)
-        self._account(r.key, reply.prompt_tokens or self.count(self.render(r.messages)),
-                      reply.completion_tokens or self.count(reply.text), role=r.role)
-        return reply.text
-
     def generate(self, requests: list[Request]) -> list[str]:
         if not requests:
             return []
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(requests))) as pool:
-            return list(pool.map(self._one, requests))
+        done = self.engine.generate([r.messages for r in requests], [r.max_new_tokens for r in requests])
+        for r, c in zip(requests, done):
+            self._account(r.key, c.prompt_tokens, c.completion_tokens, role=r.role)
+        return [c.text for c in done]
 
 
 class RoutedBackend(Backend):

@@ -1,0 +1,68 @@
+"""Hugging Face ``generate`` (CPU or GPU) over prompts given as token ids.
+
+The prompts are left-padded into batches: all of them in one ``generate`` call, or, with ``batch_size``,
+sorted by length (less padding) and ``batch_size`` per call. Greedy at temperature 0, sampled above it.
+Each batch generates up to the largest ``max_new_tokens`` of its prompts; every row is then cut to its own
+limit and at its first stop token (:func:`~atommem_rl.inference.generation.cut_at_stop`), which is what
+is decoded and counted.
+
+Stop tokens: the ends ``generate`` stops on (the generation config's ``eos_token_id``, a list or one id,
+else the tokenizer's), or with ``stop_at_special_tokens`` any special token of the tokenizer (the
+evaluation's readers: a reply ends where the model starts another turn).
+"""
+
+from __future__ import annotations
+
+from .generation import Completion, cut_at_stop
+
+
+class HFEngine:
+    name = "hf"
+
+    def __init__(self, model, tokenizer, *, stop_at_special_tokens: bool = False):
+        model.eval()
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.model, self.tokenizer = model, tokenizer
+        self.device = next(model.parameters()).device
+        eos = model.generation_config.eos_token_id
+        self.eos_token_id = eos if eos is not None else tokenizer.eos_token_id  # what generate stops on
+        if stop_at_special_tokens:
+            special = getattr(tokenizer, "all_special_ids", None)
+            self.stops = set(special) if special else {tokenizer.eos_token_id}
+        else:
+            self.stops = set(self.eos_token_id if isinstance(self.eos_token_id, list) else [self.eos_token_id])
+
+    def generate(self, prompt_ids: list[list[int]], max_new_tokens: int | list[int], *, temperature: float = 0.0,
+                 batch_size: int | None = None) -> list[Completion]:
+        import torch
+
+        n = len(prompt_ids)
+        limits = list(max_new_tokens) if isinstance(max_new_tokens, (list, tuple)) else [int(max_new_tokens)] * n
+        if batch_size is None:
+            order, batch_size = list(range(n)), max(1, n)
+        else:
+            order = sorted(range(n), key=lambda i: len(prompt_ids[i]))
+        tok = self.tokenizer
+        pad = tok.pad_token_id
+        sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        out: list[Completion | None] = [None] * n
+        for s in range(0, n, batch_size):
+            part = order[s:s + batch_size]
+            width = max(len(prompt_ids[i]) for i in part)
+            input_ids = torch.tensor([[pad] * (width - len(prompt_ids[i])) + prompt_ids[i] for i in part],
+                                     device=self.device)
+            mask = torch.tensor([[0] * (width - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in part],
+                                device=self.device)
+            with torch.no_grad():
+                gen = self.model.generate(input_ids=input_ids, attention_mask=mask,
+                                          max_new_tokens=max(limits[i] for i in part), pad_token_id=pad,
+                                          eos_token_id=self.eos_token_id, **sampling)
+            for i, row in zip(part, gen[:, width:].tolist()):
+                kept = cut_at_stop(row[: limits[i]], self.stops)
+                out[i] = Completion(tok.decode(kept, skip_special_tokens=True), len(prompt_ids[i]), len(kept), kept)
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        pass
