@@ -7,7 +7,7 @@ map to the store's errors.
     http        chromadb.HttpClient to a ``chroma run --path DIR --host 127.0.0.1 --port P`` server:
                 the mode for many processes (rollout workers) sharing one store.
 
-(Model engines, HF/vLLM/OpenAI-compatible, are another thing: ``atommem_rl/eval/backend.py``.)
+(Model engines, HF/vLLM/OpenAI-compatible, are another thing: ``atommem_rl/inference/chat_backends.py``.)
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class OpenAIEmbedder(Embedder):
         return OpenAIEmbedder(**config)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        from atommem_rl.endpoints import EndpointError, embed
+        from atommem_rl.inference.endpoints import EndpointError, embed
 
         from .errors import StoreUnavailableError
 
