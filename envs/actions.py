@@ -9,7 +9,7 @@ from typing import Callable
 
 from atommem_rl.memory.atom import Relation, TimeSpan
 
-from . import capacity
+from .capacity import evict, is_full, refuse_if_full
 from .config import EnvConfig
 from .sanitize import clip
 from .tokens import PolicyTokens
@@ -33,10 +33,10 @@ def create_memory(args: dict, store, config: EnvConfig, attribute: Attribute, ha
     content = args["content"].strip()
     if not content:
         raise ToolError("create_memory: content is empty")
-    capacity.refuse_if_full(config.capacity, config.on_full, len(store))
+    refuse_if_full(config.capacity, config.on_full, len(store))
     sources = attribute(content)
     TimeSpan.parse(args.get("time"))  # a bad time is refused before anything is evicted
-    evicted = capacity.evict(store, last_shown, handle_of) if capacity.is_full(config.capacity, len(store)) else None
+    evicted = evict(store, last_shown, handle_of) if is_full(config.capacity, len(store)) else None
     atom = store.create(content, time=args.get("time"), source_ids=sources)
     handle = new_handle(handles, handle_of, atom.id)
     last_shown[atom.id] = step

@@ -46,7 +46,9 @@ from atommem_rl.memory.errors import MemoryStoreError, StoreUnavailableError
 from atommem_rl.memory.store import AtomStore
 from atommem_rl.tasks.schema import Task
 
-from . import actions, attribution, backend
+from .actions import answer, create_memory, delete_memory, label_relation, read_memory, update_memory, write_scratchpad
+from .attribution import attribute, check_relation, note_answer_views, unit_terms
+from .backend import IN_MEMORY_EXACT_BELOW, default_client, episode_store
 from .chunking import Chunk, make_chunks
 from .config import ABLATIONS, EnvConfig, EnvConfigError
 from .parser import parse_tool_calls
@@ -58,8 +60,7 @@ from .tools import OPS, TOOL_OP, ToolError, check_args, new_handle, tool_schemas
 from .views import current_views
 
 # the names other modules import from here (kept where they were before the split)
-IN_MEMORY_EXACT_BELOW = backend.IN_MEMORY_EXACT_BELOW
-_default_client = backend.default_client
+_default_client = default_client
 __all__ = ["ABLATIONS", "Chunk", "EnvConfig", "EnvConfigError", "IN_MEMORY_EXACT_BELOW", "MemoryEnv", "OPS",
            "TOOL_OP", "ToolError", "deheading", "defang", "tool_schemas"]
 
@@ -81,7 +82,7 @@ class MemoryEnv:
             self.embedder = make_embedder(c.embedder)
         else:
             self.embedder = c.embedder
-        self.client = c.client if c.client is not None else backend.default_client()
+        self.client = c.client if c.client is not None else default_client()
         self.parser = c.parser or (lambda text: parse_tool_calls(text, c.max_calls))
         self.judge = scoring.LLMJudge(c.judge_url, c.judge_model) if c.reward == "judge" else None
         self.tools = tool_schemas(c.disable)
@@ -91,7 +92,7 @@ class MemoryEnv:
         self.done = True
         self._chunks_cache: dict[int | None, list[Chunk]] = {}
         self.units = self.task.units()
-        self._unit_terms = attribution.unit_terms(self.units)
+        self._unit_terms = unit_terms(self.units)
         self._gold_labels = {(r.new, r.old): Relation.parse(r.label) for r in self.task.relations}
 
     # ---------------------------------------------------------------- subclass hooks
@@ -110,7 +111,7 @@ class MemoryEnv:
         self.chunks = self._make_chunks(seed)
         self.store = None
         if "store" not in self.config.disable:
-            self.store = backend.episode_store(self.client, self.embedder, self.config)
+            self.store = episode_store(self.client, self.embedder, self.config)
         self.handles: dict[str, str] = {}  # handle -> atom id
         self.handle_of: dict[str, str] = {}  # atom id -> handle
         self.last_shown: dict[str, int] = {}  # atom id -> step it was last shown (eviction order)
@@ -256,32 +257,32 @@ class MemoryEnv:
         args = check_args(call, self.config, self.tool_names)
         name, store = call.name, self.store
         if name == "answer":
-            return actions.answer(args, self.phase, self._pending_questions(), self.task.questions, self.answers)
+            return answer(args, self.phase, self._pending_questions(), self.task.questions, self.answers)
         if name == "write_scratchpad":
-            self.scratchpad, out = actions.write_scratchpad(args["content"], self.config.scratchpad_tokens, self.tokens)
+            self.scratchpad, out = write_scratchpad(args["content"], self.config.scratchpad_tokens, self.tokens)
             return out
         if self.phase == "answer" and name == "create_memory":
             raise ToolError("create_memory is not available in the answer phase")
         assert store is not None
         if name == "create_memory":
-            return actions.create_memory(args, store, self.config, self._attribute, self.handles, self.handle_of,
-                                         self.last_shown, self.step_index)
+            return create_memory(args, store, self.config, self._attribute, self.handles, self.handle_of,
+                                 self.last_shown, self.step_index)
         if name == "read_memory":
-            return actions.read_memory(args, self.pending_queries)
+            return read_memory(args, self.pending_queries)
         if name == "update_memory":
-            return actions.update_memory(args, store, self.handles, self.handle_of, self._extra_sources, self._attribute)
+            return update_memory(args, store, self.handles, self.handle_of, self._extra_sources, self._attribute)
         if name == "delete_memory":
-            return actions.delete_memory(args, store, self.handles, self.handle_of)
+            return delete_memory(args, store, self.handles, self.handle_of)
         if name == "label_relation":
-            return actions.label_relation(args, store, self.handles, self.handle_of, self._check_relation)
+            return label_relation(args, store, self.handles, self.handle_of, self._check_relation)
         raise ToolError(f"unknown tool {name!r}")  # pragma: no cover - check_args filters
 
     def _attribute(self, content: str) -> list[str]:
-        return attribution.attribute(content, self.chunks, self.chunk_index, self._unit_terms)
+        return attribute(content, self.chunks, self.chunk_index, self._unit_terms)
 
     def _check_relation(self, new: str, old: str, rel: Relation) -> None:
-        attribution.check_relation(new, old, rel, self.store, self._extra_sources, self._gold_labels,
-                                   bool(self.task.meta.get("relations_exhaustive")), self.relation_checks)
+        check_relation(new, old, rel, self.store, self._extra_sources, self._gold_labels,
+                       bool(self.task.meta.get("relations_exhaustive")), self.relation_checks)
 
     def _pending_questions(self):
         open_qs = [q for q in self.task.questions if q.id not in self.answers]
@@ -303,8 +304,8 @@ class MemoryEnv:
         for v in views[: self._shown]:
             self.last_shown[v.id] = self.step_index
         if self.phase == "answer":
-            attribution.note_answer_views(views[: self._shown], self.store, self._extra_sources, self.units,
-                                          self.tokens.count_memo, self.answer_shown_units, self.answer_view_tokens)
+            note_answer_views(views[: self._shown], self.store, self._extra_sources, self.units,
+                              self.tokens.count_memo, self.answer_shown_units, self.answer_view_tokens)
         self.tokens_used["prompt"] += self._last_prompt_tokens
         return messages
 
