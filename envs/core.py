@@ -48,7 +48,7 @@ from atommem_rl.tasks.schema import Task
 
 from .actions import answer, create_memory, delete_memory, label_relation, read_memory, update_memory, write_scratchpad
 from .attribution import attribute, check_relation, note_answer_views, unit_terms
-from .backend import IN_MEMORY_EXACT_BELOW, default_client, episode_store
+from .backend import IN_MEMORY_EXACT_BELOW, default_client, episode_store, exact_below, write_behind
 from .chunking import Chunk, make_chunks
 from .config import ABLATIONS, EnvConfig, EnvConfigError
 from .parser import parse_tool_calls
@@ -94,6 +94,13 @@ class MemoryEnv:
         self.units = self.task.units()
         self._unit_terms = unit_terms(self.units)
         self._gold_labels = {(r.new, r.old): Relation.parse(r.label) for r in self.task.relations}
+
+    def _write_behind(self) -> int:
+        """The store's write-behind batch for this env's client (envs/backend.py; ``atommem bench env`` reports it)."""
+        return write_behind(self.client, self.config)
+
+    def _exact_below(self) -> int:
+        return exact_below(self.client, self.config)
 
     # ---------------------------------------------------------------- subclass hooks
     def render_block(self, block) -> tuple[str, list[tuple[str | None, str]]]:
