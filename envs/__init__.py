@@ -11,7 +11,7 @@
     envs.chunking, envs.views    chunks of the input; the memory views a prompt shows
     envs.prompt                  building and fitting the prompt to max_prompt_tokens
     envs.reward                  terminal reward and outcome
-    envs.backend                 the episode's AtomStore on the configured Chroma client
+    envs.episode_store           the episode's AtomStore on the configured Chroma client
     envs.sanitize                defanging shown text
     envs.parser, envs.tokens     tool-call parsing, prompt token counting
 """

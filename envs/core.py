@@ -32,7 +32,7 @@ cannot fit raises at reset, before any step).
 This module holds the episode loop (reset, step, observe); each concern lives in its own module:
 config.py (EnvConfig), tools.py (schemas, argument and handle checks), actions.py (what each tool does),
 capacity.py (refuse or evict), attribution.py (hidden evidence bookkeeping), chunking.py, views.py
-(retrieval for the prompt), prompt.py (building and fitting the prompt), reward.py, backend.py (the store).
+(retrieval for the prompt), prompt.py (building and fitting the prompt), reward.py, episode_store.py.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from atommem_rl.tasks.schema import Task
 
 from .actions import answer, create_memory, delete_memory, label_relation, read_memory, update_memory, write_scratchpad
 from .attribution import attribute, check_relation, note_answer_views, unit_terms
-from .backend import IN_MEMORY_EXACT_BELOW, default_client, episode_store, exact_below, write_behind
+from .episode_store import IN_MEMORY_EXACT_BELOW, default_client, exact_below, open_store, write_behind
 from .chunking import Chunk, make_chunks
 from .config import ABLATIONS, EnvConfig, EnvConfigError
 from .parser import parse_tool_calls
@@ -96,7 +96,7 @@ class MemoryEnv:
         self._gold_labels = {(r.new, r.old): Relation.parse(r.label) for r in self.task.relations}
 
     def _write_behind(self) -> int:
-        """The store's write-behind batch for this env's client (envs/backend.py; ``atommem bench env`` reports it)."""
+        """The store's write-behind batch for this env's client (envs/episode_store.py; ``atommem bench env`` reports it)."""
         return write_behind(self.client, self.config)
 
     def _exact_below(self) -> int:
@@ -118,7 +118,7 @@ class MemoryEnv:
         self.chunks = self._make_chunks(seed)
         self.store = None
         if "store" not in self.config.disable:
-            self.store = episode_store(self.client, self.embedder, self.config)
+            self.store = open_store(self.client, self.embedder, self.config)
         self.handles: dict[str, str] = {}  # handle -> atom id
         self.handle_of: dict[str, str] = {}  # atom id -> handle
         self.last_shown: dict[str, int] = {}  # atom id -> step it was last shown (eviction order)

@@ -27,7 +27,7 @@ def default_client():
     building a client costs about 70 ms of settings parsing)."""
     global _CLIENT
     if _CLIENT is None:
-        from atommem_rl.memory.backends import make_client
+        from atommem_rl.memory.chroma_clients import make_client
 
         _CLIENT = make_client("memory")
     return _CLIENT
@@ -53,7 +53,7 @@ def exact_below(client, config: EnvConfig) -> int:
     return IN_MEMORY_EXACT_BELOW if in_memory(client) else 0
 
 
-def episode_store(client, embedder, config: EnvConfig) -> AtomStore:
+def open_store(client, embedder, config: EnvConfig) -> AtomStore:
     """A new, empty store in a namespace no other episode (of any process) uses."""
     ns = f"env-{os.getpid()}-{next(_ns_counter)}-{uuid.uuid4().hex[:8]}"
     return AtomStore(ns, client=client, embedder=embedder, max_chars=config.max_atom_chars,
