@@ -109,8 +109,40 @@ def test_packed_logprobs_and_gradients_equal_unpacked(model, budget):
     cos = torch.nn.functional.cosine_similarity(g_packed, g_ref, dim=0).item()
     assert cos >= 0.9999, cos
     assert (g_packed - g_ref).norm() <= 1e-3 * g_ref.norm()
-    # the model keeps its own attention for generate and the unpacked path
-    assert model.config._attn_implementation == "sdpa"
+    # the unpacked path (left-padded rows with a mask, as generate and TRL's rows) computes what it did before
+    from transformers import AutoModelForCausalLM
+
+    fresh = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float32, attn_implementation="sdpa")
+    ids = torch.tensor([[0, 0] + samples[0][0][:12], samples[1][0][:14]])
+    mask = torch.tensor([[0, 0] + [1] * 12, [1] * 14])
+    with torch.no_grad():
+        diff = (model(input_ids=ids, attention_mask=mask).logits - fresh.eval()(input_ids=ids, attention_mask=mask).logits)
+    assert diff[mask.bool()].abs().max() <= 1e-5
+
+
+def test_packed_backward_under_gradient_checkpointing(model):
+    """Gradient checkpointing runs each layer's forward again during backward: the packed micro-batch's
+    gradient is the same with it as without (the tree attention still holds when the layers are
+    recomputed; a model switched back to its own attention after the forward made torch refuse the
+    recomputation, "a different number of tensors was saved")."""
+    samples, trees, episodes = _batch()
+    weights = _weights(samples, episodes)
+    (row,) = plan_microbatches(trees, 10_000)
+    inputs = microbatch_inputs(row, pad_token_id=0)
+    grads = {}
+    try:
+        for checkpointing in (False, True):
+            if checkpointing:  # as the recipes (TRL's default kwargs); HF checkpoints only in train mode
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                model.train()
+            grpo_loss(packed_logprobs(model, inputs), inputs, weights).backward()
+            grads[checkpointing] = _grad(model)
+    finally:
+        model.gradient_checkpointing_disable()
+        model.eval()
+    assert grads[False].norm() > 0
+    assert torch.nn.functional.cosine_similarity(grads[True], grads[False], dim=0).item() >= 0.99999
+    assert (grads[True] - grads[False]).norm() <= 1e-5 * grads[False].norm()
 
 
 def test_scoring_all_positions_gives_the_same_logprobs(model):

@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variants", default=None,
                         help="comma-separated from baseline,packed_all,packed,packed_bf16 (default: all; "
                              "packed_bf16 only where the CPU has native bf16)")
+    parser.add_argument("--gradient-checkpointing", choices=("on", "off"), default="on",
+                        help="recompute activations in backward, on both paths (default on, as the recipes: without it "
+                             "8 padded rows of ~1.1K tokens of SmolLM2-135M exceed 24 GB)")
     parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--samples", default=None,
                         help="JSON file of the rolled-out step samples: read when it exists (and was made with the same "
@@ -292,6 +295,9 @@ def main(args) -> int:
           file=sys.stderr, flush=True)
     groups = step_group_ids(episodes, args.episodes)
     add_fused_lm_head(model, outputs=("log_probs",))
+    if args.gradient_checkpointing == "on":  # as the recipes; HF recomputes layers in backward only in train mode
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()  # these models have no dropout, so the function computed is the same
     attn = tree_attention_name("cpu")
     pad_id = tok.pad_token_id
     bf16_ctx = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
@@ -304,6 +310,7 @@ def main(args) -> int:
                              autocast=bf16_ctx() if variant == "packed_bf16" else None)
 
     # exactness in fp32 (also the warm-up of both paths)
+    print("bench update: exactness in fp32 (baseline, then packed)", file=sys.stderr, flush=True)
     base_lp, _ = run("baseline")
     g_base = _grads(model)
     packed_lp, _, forwarded = run("packed")
@@ -336,7 +343,7 @@ def main(args) -> int:
         "episode_steps": [len(e) for e in episodes], "returns": returns, "advantages": adv_source,
         "max_tokens_per_microbatch": args.max_tokens, "attention": attn, "cpu_bf16": bf16,
         "model": "tiny" if args.tiny else path, "repeats": args.repeats, "rollout_s": round(rollout_s, 1),
-        "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
+        "gradient_checkpointing": args.gradient_checkpointing == "on", "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
         "variants": {v: {"median_s": round(med[v], 3), "speedup": round(med["baseline"] / med[v], 2),
                          "runs_s": [round(t, 3) for t in times[v]]} for v in variants},
     }

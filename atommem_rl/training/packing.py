@@ -54,7 +54,7 @@ import torch
 from trl.experimental.async_grpo.packing import TreeRow
 from trl.kernels import ChunkedLogProbFunction
 
-from .tree_attention import TREE_KWARGS, attention_implementation, tree_attention_name
+from .tree_attention import TREE_KWARGS, tree_attention_name, use_tree_attention
 
 # TRL's vocabulary tile for the chunked log-probabilities (trl.trainer.utils)
 VOCAB_CHUNK = 32768
@@ -183,17 +183,17 @@ def packed_logprobs(model, inputs: dict[str, Any], *, temperature: float = 1.0, 
     name = attn_implementation or tree_attention_name(inputs["input_ids"].device)
     call = dict(input_ids=inputs["input_ids"][None], position_ids=inputs["position_ids"][None], use_cache=False,
                 **tree_kwargs(inputs))
-    with attention_implementation(model, name):
-        if forward_model is None:
-            hidden = backbone(**call).last_hidden_state[0]
-        else:
-            captured = []
-            hook = backbone.register_forward_hook(lambda _m, _a, out: captured.append(out.last_hidden_state))
-            try:
-                forward_model(**call, logits_to_keep=1)
-            finally:
-                hook.remove()
-            hidden = captured[-1][0]
+    use_tree_attention(model, name)  # for good: a checkpointed layer recomputes its forward in backward
+    if forward_model is None:
+        hidden = backbone(**call).last_hidden_state[0]
+    else:
+        captured = []
+        hook = backbone.register_forward_hook(lambda _m, _a, out: captured.append(out.last_hidden_state))
+        try:
+            forward_model(**call, logits_to_keep=1)
+        finally:
+            hook.remove()
+        hidden = captured[-1][0]
     labels = inputs["shift_labels"].to(head.weight.device)
     hidden = hidden.to(head.weight.device)
     outputs = ("entropy",) if with_entropy else ()

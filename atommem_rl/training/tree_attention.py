@@ -20,17 +20,25 @@ arguments of TRL's ``tree_attention`` (``tree_kv_index``, ``tree_cu_seqlens_q``,
 ``tree_max_seqlen_q``, ``tree_max_seqlen_k``), and with a mask function that builds no 4D mask (the
 layout is the mask), exactly as TRL registers its kernel. So the same model call runs with either:
 :func:`tree_attention_name` picks TRL's kernel on CUDA when it loads, this one elsewhere.
+
+The model keeps the tree attention between its forward and its backward: with gradient checkpointing a
+layer's forward is run again during backward, and transformers looks the attention function up by name at
+call time, so a model switched back to its own attention after the packed forward would recompute the
+layers with the wrong attention (torch stops it: "a different number of tensors was saved"). Hence
+:func:`use_tree_attention` switches the model once, for good, to a *dispatching* implementation: the tree
+kernel for calls that carry the tree keyword arguments, the model's own implementation (and its mask) for
+every other call (``generate``, TRL's padded rows), so those compute exactly what they did before.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 TREE_SDPA = "tree_sdpa"
 
@@ -97,17 +105,35 @@ def tree_attention_name(device: torch.device | str) -> str:
     return register_tree_sdpa()
 
 
-@contextlib.contextmanager
-def attention_implementation(model, name: str):
-    """Run ``model`` (a transformers model, or a PEFT model around one) with attention ``name``, then
-    restore the one it had (the rollout's ``generate`` and TRL's unpacked forward use the model's own)."""
+def _dispatching(tree_name: str, own: str) -> str:
+    """Register (idempotent) and return the implementation that runs ``tree_name`` on packed calls and
+    ``own`` (the model's implementation, with its mask function) on every other call."""
+    name = f"{tree_name}_else_{own}"
+    tree_fn, own_fn = ALL_ATTENTION_FUNCTIONS[tree_name], ALL_ATTENTION_FUNCTIONS[own]
+    own_mask = ALL_MASK_ATTENTION_FUNCTIONS[own]
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if kwargs.get("tree_kv_index") is not None:
+            return tree_fn(module, query, key, value, attention_mask, **kwargs)
+        return own_fn(module, query, key, value, attention_mask, **kwargs)
+
+    def mask(attention_mask=None, **kwargs):
+        # a packed call has no 2D mask (its layout is the mask); any other call gets the model's own mask.
+        # Not supported, and never made here: an unpacked call with position ids that restart and no mask.
+        return None if attention_mask is None else own_mask(attention_mask=attention_mask, **kwargs)
+
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, mask)
+    return name
+
+
+def use_tree_attention(model, name: str) -> None:
+    """Switch ``model`` (a transformers model, or a PEFT model around one) for good to a dispatching
+    implementation: attention ``name`` for packed calls, the model's own for the rest (see the module
+    docstring: it must hold through the backward). Idempotent."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    before = inner.config._attn_implementation
-    if before == name:
-        yield
+    current = inner.config._attn_implementation
+    if current.startswith(f"{name}_else_"):
         return
-    inner.set_attn_implementation(name)
-    try:
-        yield
-    finally:
-        inner.set_attn_implementation(before)
+    own = current if current in ALL_ATTENTION_FUNCTIONS and current in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"
+    inner.set_attn_implementation(_dispatching(name, own))
