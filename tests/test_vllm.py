@@ -60,6 +60,9 @@ def test_vllm_backend_runs_episodes(vllm_policy):
     completion = vllm_policy.tokens["completion"] - tokens0["completion"]
     assert n_actions <= completion <= 12 * n_actions
     assert vllm_policy.tokens["prompt"] - tokens0["prompt"] > 100 * n_actions  # rules + tools + chunk
+    # prefix caching is on: every step after the first reads at least the shared rules and tool schemas
+    # (most of each prompt) from the cache; with it off the rate is 0
+    assert 0.3 < vllm_policy.prefix_cache_hit_rate < 1.0, vllm_policy.prefix_cache_hit_rate
 
 
 def test_vllm_greedy_matches_hf_greedy(tiny, vllm_policy):

@@ -14,6 +14,7 @@ then the same task set ``--repeats`` times. Per run:
 * ``env_share`` = 1 - (time inside ``policy.act``) / wall time: everything that is not generation
   (environment steps, memory operations, prompt assembly, episode open/close); goal < 0.05
 * ``prompt_tokens_per_task`` and ``completion_tokens_per_task`` (prompt tokens are re-sent each step)
+* ``prefix_cache_hit_rate`` (vLLM): prompt tokens served from vLLM's prefix cache / prompt tokens
 
 Reported per backend: the median over the repeats of each figure (and every run's), the model load
 time, and ``speedup`` (vLLM over HF completion tokens/s) when both ran. Both backends decode
@@ -93,6 +94,7 @@ def measure(policy, tasks, env_config: dict, batch_size: int, seed: int) -> dict
 
     timed = _Timed(policy)
     before = dict(policy.tokens)
+    cached0 = policy.cached_prompt_tokens
     gen0 = policy.generate_seconds
     t0 = time.perf_counter()
     trajs = run_rollouts(tasks, timed, env_config, batch_size=batch_size, seed=seed, record_prompts=False)
@@ -108,6 +110,9 @@ def measure(policy, tasks, env_config: dict, batch_size: int, seed: int) -> dict
         "generate_tokens_per_s": completion / gen if gen > 0 else None,
         "env_share": max(0.0, 1.0 - timed.seconds / wall),
         "prompt_tokens_per_task": prompt / n, "completion_tokens_per_task": completion / n,
+        # vLLM: share of prompt tokens served from its prefix cache (None for HF generate, which has none)
+        "prefix_cache_hit_rate": (policy.cached_prompt_tokens - cached0) / prompt
+        if policy.backend == "vllm" and prompt else None,
     }
 
 
@@ -176,7 +181,8 @@ def main(args) -> int:
             print(f"{r['backend']}: {m['episodes_per_s']:.3f} episodes/s, {m['completion_tokens_per_s']:.1f} "
                   f"completion tokens/s (generation only {m.get('generate_tokens_per_s', 0):.1f}), env share "
                   f"{m['env_share']:.3f}, tokens/task prompt {m['prompt_tokens_per_task']:.0f} completion "
-                  f"{m['completion_tokens_per_task']:.0f}, load {r['load_s']} s")
+                  f"{m['completion_tokens_per_task']:.0f}, load {r['load_s']} s"
+                  + (f", prefix cache hit rate {m['prefix_cache_hit_rate']:.2f}" if "prefix_cache_hit_rate" in m else ""))
         if "speedup_vllm_over_hf" in out:
             print(f"vLLM / HF completion tokens/s: {out['speedup_vllm_over_hf']}")
     return 0

@@ -7,7 +7,8 @@ the same counts.
 * :func:`cut_at_stop` keeps a generated row up to and including its first stop token: the completion
   tokens counted everywhere (padding after the end token is not a generated token).
 * :class:`Completion` is what every engine returns per prompt: the text (special tokens skipped), the
-  prompt and completion token counts and, for the local engines, the completion's token ids.
+  prompt and completion token counts and, for the local engines, the completion's token ids; vLLM also
+  reports how many prompt tokens came from its prefix cache.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     token_ids: list[int] = field(default_factory=list)  # empty for an endpoint (it returns text)
+    cached_prompt_tokens: int | None = None  # prompt tokens read from vLLM's prefix cache (None: not reported)
 
 
 def render_chat(tokenizer, messages: list[dict]) -> str:

@@ -7,7 +7,11 @@ generate would; all prompts of a call go to the engine at once. ``max_new_tokens
 at the end token and includes it, like :func:`~atommem_rl.inference.generation.cut_at_stop`).
 
 Our engine defaults (:func:`engine_kwargs`): ``enforce_eager`` (no graph capture or compilation: about
-20 s to start on CPU instead of 100 s) and the CPU build's memory default from ``vllm_cpu.py``.
+20 s to start on CPU instead of 100 s), ``enable_prefix_caching`` (stated rather than left to vLLM's
+default: the step prompts of one task's episodes share the rules, the questions and the chunk, laid out
+first for that reason, envs/prompt.py) and the CPU build's memory default from ``vllm_cpu.py``. Each
+:class:`Completion` carries vLLM's ``num_cached_tokens`` (prompt tokens served from the prefix cache), so
+callers report the hit rate.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ def vllm_available() -> bool:
 
 def engine_kwargs(kw: dict) -> dict:
     """``kw`` for ``vllm.LLM`` with our defaults added (``kw`` wins)."""
-    return cpu_engine_defaults({"enforce_eager": True, **kw})
+    return cpu_engine_defaults({"enforce_eager": True, "enable_prefix_caching": True, **kw})
 
 
 class VLLMEngine:
@@ -63,7 +67,8 @@ class VLLMEngine:
         else:
             params = SamplingParams(max_tokens=int(max_new_tokens), temperature=temperature)
         outs = self.llm.generate([{"prompt_token_ids": x} for x in prompt_ids], params, use_tqdm=False)
-        return [Completion(o.outputs[0].text, len(x), len(o.outputs[0].token_ids), list(o.outputs[0].token_ids))
+        return [Completion(o.outputs[0].text, len(x), len(o.outputs[0].token_ids), list(o.outputs[0].token_ids),
+                           cached_prompt_tokens=int(o.num_cached_tokens or 0))
                 for x, o in zip(prompt_ids, outs)]
 
     def close(self) -> None:

@@ -68,6 +68,7 @@ class ModelPolicy(Policy):
         self.model_name = model_name or (model if isinstance(model, str) else None) or "default"
         self.calls = 0
         self.tokens = {"prompt": 0, "completion": 0}
+        self.cached_prompt_tokens = 0  # vLLM: prompt tokens served from its prefix cache (prefix_cache_hit_rate)
         self.generate_seconds = 0.0
         if backend == "hf":
             if model is None or isinstance(model, str):
@@ -114,7 +115,15 @@ class ModelPolicy(Policy):
             self.generate_seconds += time.perf_counter() - t0
         self.tokens["prompt"] += sum(c.prompt_tokens for c in done)
         self.tokens["completion"] += sum(c.completion_tokens for c in done)
+        self.cached_prompt_tokens += sum(c.cached_prompt_tokens or 0 for c in done)
         return [c.text for c in done]
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Share of prompt tokens vLLM read from its prefix cache so far (None for other backends)."""
+        if self.backend != "vllm" or not self.tokens["prompt"]:
+            return None
+        return self.cached_prompt_tokens / self.tokens["prompt"]
 
     def _encode(self, prompts) -> list[list[int]]:
         """The prompt token ids every local backend generates from (chat template, tokenised once)."""
