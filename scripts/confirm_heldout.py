@@ -79,7 +79,7 @@ def main() -> int:
     save_tasks(tasks, out / "heldout.jsonl")
 
     from atommem_rl.inference.chat_backends import make_backend
-    from atommem_rl.eval.data import load_dataset
+    from atommem_rl.tasks.load import load_dataset
     from atommem_rl.eval.harness import evaluate
 
     recorded = dict(ev["result"]["settings"])

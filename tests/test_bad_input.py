@@ -140,7 +140,7 @@ def test_two_processes_on_one_persistent_path(tmp_path):
 def test_eval_resume_notices_edited_task_contents(tmp_path):
     """--resume fingerprinted task ids only: after the questions were edited (same ids), the resumed run
     reused the old records."""
-    from atommem_rl.eval.data import load_dataset
+    from atommem_rl.tasks.load import load_dataset
     from atommem_rl.eval.harness import evaluate
 
     path, out = tmp_path / "t.jsonl", tmp_path / "eval"

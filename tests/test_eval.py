@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from atommem_rl.inference.chat_backends import Backend, HFBackend
-from atommem_rl.eval.data import load_dataset
+from atommem_rl.tasks.load import load_dataset
 from atommem_rl.eval.harness import evaluate, run_policy
 from atommem_rl.eval.methods import ALL_METHODS, EvalSettings, pack_chunks, parse_mem0, parse_roam, public_task, unit_lines
 from atommem_rl.policies.heuristic import HeuristicPolicy

@@ -83,7 +83,7 @@ def checkpoint_names(paths: list[str]) -> dict[str, str]:
 
 
 def _datasets(specs: list[str], limit, max_blocks) -> tuple[dict, dict]:
-    from atommem_rl.eval.data import load_dataset
+    from atommem_rl.tasks.load import load_dataset
 
     out, files = {}, {}
     for spec in specs:

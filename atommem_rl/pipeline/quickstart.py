@@ -308,7 +308,7 @@ class Quickstart:
         from tqdm.auto import tqdm
 
         from atommem_rl.inference.chat_backends import make_backend
-        from atommem_rl.eval.data import load_dataset
+        from atommem_rl.tasks.load import load_dataset
         from atommem_rl.eval.harness import evaluate
 
         settings = self.eval_settings()

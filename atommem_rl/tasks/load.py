@@ -1,4 +1,5 @@
-"""Task files for evaluation: strict loading (errors name the file and the record) and subsets.
+"""Task files loaded for evaluation (``atommem eval``, the quickstart, confirm_heldout.py): strict loading
+(errors name the file and the record) and subsets.
 
 ``load_dataset(path, limit, max_blocks)`` reads a task JSONL; any bad record raises ``ValueError``
 ("task file F, record N (line L, task ID): what is wrong"). Evaluation needs gold answers, so a
