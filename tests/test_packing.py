@@ -222,3 +222,22 @@ def test_token_weights_token_mean_and_per_episode():
     assert token_weights([0, 1], [0, 8], "episode") == [0.0, pytest.approx(1 / 8)]
     with pytest.raises(ValueError):
         token_weights([0], [1], "sample")
+
+
+def test_packing_projection_script_on_real_prompts():
+    """scripts/packing_projection.py on real HotpotQA step prompts (random policy, a group of 3): the packed
+    path forwards fewer tokens than the samples hold, which are no more than the padded rows."""
+    import json
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    res = subprocess.run([sys.executable, str(REPO / "scripts/packing_projection.py"), "--groups", "1",
+                          "--group-size", "3", "--max-steps", "2", "--chunk-tokens", "512", "--max-prompt-tokens",
+                          "4096", "--max-tokens", "4096"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["samples"] == 6 and out["micro_batches"] >= 1
+    assert out["forwarded_tokens"] < out["raw_tokens"] <= out["padded_tokens"]
+    assert out["largest_microbatch_tokens"] <= 4096 or out["micro_batches"] == out["samples"]
