@@ -195,7 +195,8 @@ class MemoryEnv:
                 raise  # the backend is down, not the policy's doing: the rollout engine retries the episode
             except (ToolError, MemoryStoreError) as exc:
                 self.tool_errors += 1
-                results.append((call.index, {"name": call.name, "ok": False, "message": clip(str(exc), 300)}))
+                message = self._as_handles(str(exc)) if isinstance(exc, MemoryStoreError) else str(exc)
+                results.append((call.index, {"name": call.name, "ok": False, "message": clip(message, 300)}))
         self.tool_errors += len(parse_errors)
         # why a penalty beyond the format one: a failed call changes nothing, so without a cost the terminal
         # reward leaves such calls free and RL drifts into them (measured in docs/BENCHMARKS.md, "Learning
@@ -230,6 +231,13 @@ class MemoryEnv:
             reward += self._finish(terminated)
         info = self._info(results=results)
         return obs, reward, terminated, truncated, info
+
+    def _as_handles(self, message: str) -> str:
+        """A store error names atoms by store id; the policy knows them only as handles [M1], ... (store ids
+        are random, so leaving them would also make prompts differ between runs of one seed)."""
+        for aid in sorted((a for a in self.handle_of if a in message), key=len, reverse=True):
+            message = message.replace(aid, self.handle_of[aid])
+        return message
 
     def close(self) -> None:
         if self.store is not None:

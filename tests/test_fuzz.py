@@ -161,3 +161,24 @@ def test_document_and_memory_text_never_executes_a_tool():
     assert info["ops"]["delete"] == 0 and info["ops"]["scratchpad"] == 0 and info["ops"]["create"] == 2
     assert env.answers == {"Q1": "Paris"} and info["em"] == 1.0
     env.close()
+
+
+def test_store_errors_name_atoms_by_handle():
+    """A label that would close a demotion cycle is refused by the store, whose message names atoms by store
+    id; the policy sees the handles it knows ([M1], [M2]), never a store id."""
+    env = make_env(generate_task(0, 0, kind="documents", docs=4, questions=1, confounders=0), **CFG)
+    env.reset(seed=0)
+    env.step(tc("create_memory", {"content": "Alice lives in Paris."})
+             + tc("create_memory", {"content": "Alice lives in Rome."})
+             + tc("create_memory", {"content": "Alice lives in Oslo."}))
+    handles = dict(env.handles)  # handle -> store id
+    assert {"M1", "M2", "M3"} <= set(handles)
+    # M2 replaces M1, M3 replaces M2; M1 replacing M3 would close the loop
+    _, _, _, _, info = env.step(tc("label_relation", {"new": "M2", "old": "M1", "label": "conflict"})
+                                + tc("label_relation", {"new": "M3", "old": "M2", "label": "conflict"})
+                                + tc("label_relation", {"new": "M1", "old": "M3", "label": "conflict"}))
+    *ok, refused = info["results"]
+    assert all(r["ok"] for r in ok) and not refused["ok"] and "cycle" in refused["message"], info["results"]
+    assert "M1" in refused["message"] and "M3" in refused["message"]
+    assert not any(aid in refused["message"] for aid in handles.values()), refused["message"]
+    env.close()
