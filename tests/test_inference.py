@@ -94,10 +94,10 @@ def test_vllm_cpu_settings_live_in_one_module(monkeypatch):
 
     if torch.cuda.is_available():
         pytest.skip("the CPU build's defaults apply without CUDA only")
-    assert engine_kwargs({}) == {"enforce_eager": True, "gpu_memory_utilization": 0.15}
+    assert engine_kwargs({}) == {"enforce_eager": True, "enable_prefix_caching": True, "gpu_memory_utilization": 0.15}
     monkeypatch.setenv(vllm_cpu.CPU_MEMORY_ENV, "0.3")
     assert engine_kwargs({"enforce_eager": False})["gpu_memory_utilization"] == 0.3
-    assert engine_kwargs({"gpu_memory_utilization": 0.5, "enforce_eager": False}) == {
-        "enforce_eager": False, "gpu_memory_utilization": 0.5}
+    assert engine_kwargs({"gpu_memory_utilization": 0.5, "enforce_eager": False, "enable_prefix_caching": False}) == {
+        "enforce_eager": False, "enable_prefix_caching": False, "gpu_memory_utilization": 0.5}
     if not vllm_available():
         vllm_cpu.keep_vllm_cpu_weights_loadable()  # no vllm: nothing to patch, no error
