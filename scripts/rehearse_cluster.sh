@@ -22,7 +22,9 @@
 # on its version lookup, so the server is started as `python -m vllm.entrypoints.openai.api_server`, the
 # module `vllm serve` runs, with the arguments TRL 1.16's `trl vllm-serve` builds (atommem_rl/training/launch.py).
 # Environment: ATOMMEM_REHEARSAL_DIR (default: a temporary folder, removed unless ATOMMEM_REHEARSAL_KEEP=1),
-# ATOMMEM_REHEARSAL_TIMEOUT (seconds per job, default 600).
+# ATOMMEM_REHEARSAL_TIMEOUT (seconds a job may run, pending time not counted; default 900: the PPO job took
+# 312 s on a loaded 2-core machine; a job past it is cancelled and counted as a hang, after the Python stacks of
+# its processes (py-spy, from the dev extra) and the tails of its logs are printed to stderr).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -37,7 +39,7 @@ fi
 DIR=${ATOMMEM_REHEARSAL_DIR:-$(mktemp -d /tmp/atommem-rehearsal.XXXXXX)}
 mkdir -p "$DIR"
 [ "${ATOMMEM_REHEARSAL_KEEP:-0}" = 1 ] || [ -n "${ATOMMEM_REHEARSAL_DIR:-}" ] || trap 'rm -rf "$DIR"' EXIT
-TIMEOUT=${ATOMMEM_REHEARSAL_TIMEOUT:-600}
+TIMEOUT=${ATOMMEM_REHEARSAL_TIMEOUT:-900}
 echo "rehearsal folder: $DIR" >&2
 
 .venv/bin/python - "$DIR" >&2 <<'EOF' || exit 1
@@ -59,19 +61,42 @@ PORT=$((18000 + RANDOM % 1000))
 HANGS=0
 : >"$DIR/jobs.tsv"
 
+diagnose() {  # $1 = name, $2 = run folder: what a hung job was doing, on stderr (CI prints the test's stderr)
+  local pid
+  echo "=== $1 timed out: Python stacks of its processes (py-spy) ===" >&2
+  for pid in $(pgrep -f -- "$2" 2>/dev/null); do
+    if [ -x .venv/bin/py-spy ]; then .venv/bin/py-spy dump --pid "$pid" 2>&1 | head -60 >&2 || true
+    else echo "pid $pid: $(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-200) (py-spy missing)" >&2; fi
+  done
+  for f in "$DIR"/slurm-"$1"-*.out "$2"/logs/vllm-*.log; do
+    [ -f "$f" ] && { echo "=== tail of $f ===" >&2; tail -c 3000 "$f" >&2; }
+  done
+}
+
 job() {  # name nprocs accelerate-config recipe [overrides...]: one sbatch job, waited for under a timeout
-  local name=$1 nproc=$2 accel=$3 recipe=$4 rc id; shift 4
+  local name=$1 nproc=$2 accel=$3 recipe=$4 rc id state t0; shift 4
   PORT=$((PORT + 7))
   id=$(ATOMMEM_NUM_PROCESSES=$nproc ATOMMEM_ACCELERATE_CONFIG=$accel ATOMMEM_SCRIPTED_LOG=$DIR/$name.jsonl \
        ATOMMEM_VLLM_PORT=$PORT ATOMMEM_MAIN_PORT=$((PORT + 1)) \
-       sbatch --parsable --gpus-per-node=0 --time=$(( (TIMEOUT + 59) / 60 )) --job-name="rehearse-$name" \
+       sbatch --parsable --gpus-per-node=0 --time=$(( (TIMEOUT + 59) / 60 + 10 )) --job-name="rehearse-$name" \
        --output="$DIR/slurm-$name-%j.out" slurm/grpo.sbatch "$recipe" --output_dir "$DIR/$name/run" \
        "${COMMON[@]}" "$@") || { echo "$name	submit-failed	0" >>"$DIR/jobs.tsv"; return; }
-  local t0=$SECONDS
   echo "job $name: slurm job $id" >&2
+  # the clock starts when the job runs: time spent pending behind another job (it asks for the whole
+  # node) is not the job's own; pending longer than TIMEOUT is reported as such, not as a hang
+  t0=$SECONDS
+  while state=$(squeue -h -j "$id" -o %T 2>/dev/null) && [ "$state" = PENDING ]; do
+    if [ $((SECONDS - t0)) -gt "$TIMEOUT" ]; then
+      scancel "$id"; echo "$name	pending	$((SECONDS - t0))" >>"$DIR/jobs.tsv"; echo "job $name: still pending, cancelled" >&2; return
+    fi
+    sleep 2
+  done
+  t0=$SECONDS
   while squeue -h -j "$id" 2>/dev/null | grep -q .; do
     if [ $((SECONDS - t0)) -gt "$TIMEOUT" ]; then
-      scancel "$id"; HANGS=$((HANGS + 1)); echo "$name	hang	$((SECONDS - t0))" >>"$DIR/jobs.tsv"; return
+      diagnose "$name" "$DIR/$name/run"
+      scancel "$id"; HANGS=$((HANGS + 1)); echo "$name	hang	$((SECONDS - t0))" >>"$DIR/jobs.tsv"
+      echo "job $name: no end after $TIMEOUT s running: counted as a hang, cancelled" >&2; return
     fi
     sleep 5
   done
@@ -79,6 +104,7 @@ job() {  # name nprocs accelerate-config recipe [overrides...]: one sbatch job, 
   [ -n "$rc" ] || rc=$(grep -q '"global_step"' "$DIR"/slurm-"$name"-*.out && echo 0 || echo 1)
   echo "$name	$rc	$((SECONDS - t0))" >>"$DIR/jobs.tsv"
   echo "job $name: exit $rc in $((SECONDS - t0)) s" >&2
+  [ "$rc" = 0 ] || { echo "=== $name failed: tail of its output ===" >&2; tail -c 3000 "$DIR"/slurm-"$name"-*.out >&2; }
 }
 
 GRPO=recipes/quickstart/grpo.yaml
@@ -90,15 +116,23 @@ job ppo 2 recipes/accelerate/cpu_2proc.yaml recipes/quickstart/ppo.yaml "${PPO_A
 if [ -d "$DIR/ppo/run/checkpoint-1" ]; then
   mkdir -p "$DIR/resume/run" && cp -r "$DIR/ppo/run/checkpoint-1" "$DIR/resume/run/"  # policy, optimizer, critic
   t0=$SECONDS
-  ATOMMEM_SCRIPTED_LOG=$DIR/resume.jsonl timeout "$TIMEOUT" env -u ATOMMEM_REHEARSAL_NO_WEIGHT_SYNC -u ATOMMEM_COUNT_PASSES \
+  ATOMMEM_SCRIPTED_LOG=$DIR/resume.jsonl env -u ATOMMEM_REHEARSAL_NO_WEIGHT_SYNC -u ATOMMEM_COUNT_PASSES \
     .venv/bin/python -m accelerate.commands.launch --config_file recipes/accelerate/cpu_2proc.yaml \
     --main_process_port $((PORT + 50)) tests/multirank/scripted_returns.py ppo --config recipes/quickstart/ppo.yaml \
     --output_dir "$DIR/resume/run" "${COMMON[@]}" "${PPO_ARGS[@]}" --max_steps 3 --use_cpu true \
-    --resume_from_checkpoint true >"$DIR/resume.out" 2>&1
-  rc=$?
+    --resume_from_checkpoint true >"$DIR/resume.out" 2>&1 &
+  pid=$!
+  while kill -0 "$pid" 2>/dev/null && [ $((SECONDS - t0)) -le "$TIMEOUT" ]; do sleep 2; done
+  if kill -0 "$pid" 2>/dev/null; then  # a hang: its stacks and output tail first, then stop the launcher and its ranks
+    diagnose resume "$DIR/resume/run"; tail -c 3000 "$DIR/resume.out" >&2
+    pkill -TERM -P "$pid"; kill "$pid"; sleep 5; pkill -KILL -f -- "$DIR/resume/run"; rc=124
+  else
+    wait "$pid"; rc=$?
+  fi
   [ "$rc" = 124 ] && HANGS=$((HANGS + 1))
   echo "resume	$( [ "$rc" = 124 ] && echo hang || echo "$rc" )	$((SECONDS - t0))" >>"$DIR/jobs.tsv"
   echo "resume: exit $rc in $((SECONDS - t0)) s" >&2
+  [ "$rc" = 0 ] || [ "$rc" = 124 ] || { echo "=== resume failed: tail of its output ===" >&2; tail -c 3000 "$DIR/resume.out" >&2; }
 fi
 
 .venv/bin/python - "$DIR" "$HANGS" "$(( $(date +%s) - START ))" <<'EOF'
