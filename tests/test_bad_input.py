@@ -243,6 +243,37 @@ def test_an_exception_in_reset_or_the_policy_is_that_episodes_crash():
     assert not recs[2]["crashed"] and recs[2]["em"] == 1.0
 
 
+def test_duplicate_task_ids_are_refused_and_every_line_is_checked(tmp_path):
+    """Two lines with one task id were accepted (rollout and eval ran the same task twice, exit 0), and
+    with --limit N the lines after the N-th were never validated."""
+    from atommem_rl.tasks.load import load_dataset
+
+    first, second = (generate_task(i, 0, docs=2, questions=1, confounders=0).to_dict() for i in range(2))
+    tid = first["id"]
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text("".join(json.dumps(d) + "\n" for d in (first, second, first)))
+    late = tmp_path / "late.jsonl"  # a bad second line: --limit 1 must not let it through
+    bad = json.loads(json.dumps(second))
+    bad["questions"][0]["answers"] = "Oslo"
+    late.write_text(json.dumps(first) + "\n" + json.dumps(bad) + "\n")
+    cases = {dup: (3, f"id: duplicate task id {tid!r} (first on line 1)"),
+             late: (2, "questions[0].answers: expected a list")}
+    for path, (line, what) in cases.items():
+        for limit in (None, 1):
+            with pytest.raises(ValueError) as info:
+                load_tasks(path, limit=limit)
+            assert str(info.value).startswith(f"{path}:{line} (task ") and what in str(info.value), info.value
+            with pytest.raises(ValueError) as info:
+                load_dataset(path, limit=limit)
+            assert str(info.value).startswith(f"task file {path}, record {line} (line {line}, task "), info.value
+            assert what in str(info.value), info.value
+        for argv in (["rollout", "--tasks", str(path), "--policy", "oracle", "--out", str(tmp_path / "r.jsonl"), *ENV],
+                     ["eval", "--tasks", str(path), "--methods", "oracle", "--out", str(tmp_path / "e")]):
+            res = run_cli(argv + ["--limit", "1"])
+            assert res.rc == 2 and str(path) in error_line(res) and what in error_line(res), (argv, res)
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "e").exists()
+
+
 # ---------------------------------------------------------------------------- 6. numbers that mean nothing
 @pytest.mark.parametrize("field,value", [
     ("max_steps", 0), ("max_steps", -1), ("max_answer_steps", -1), ("max_episode_tokens", -5),

@@ -1,8 +1,9 @@
 """Task files loaded for evaluation (``atommem eval``, the quickstart, confirm_heldout.py): strict loading
 (errors name the file and the record) and subsets.
 
-``load_dataset(path, limit, max_blocks)`` reads a task JSONL; any bad record raises ``ValueError``
-("task file F, record N (line L, task ID): what is wrong"). Evaluation needs gold answers, so a
+``load_dataset(path, limit, max_blocks)`` reads a task JSONL; any bad record, or a task id an earlier
+record used, raises ``ValueError`` ("task file F, record N (line L, task ID): what is wrong"), also past
+``limit`` (every record is validated; the first ``limit`` kept). Evaluation needs gold answers, so a
 question without any is an error too. ``max_blocks`` keeps each task's first N blocks and the
 questions whose evidence lies entirely inside them -- the same subset for every method, recorded in
 metrics.json (a way to run long LoCoMo conversations on a CPU).
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from atommem_rl.tasks.schema import Task
+from atommem_rl.tasks.schema import Task, check_new_id
 
 
 def load_dataset(path: str | Path, limit: int | None = None, max_blocks: int | None = None) -> list[Task]:
@@ -23,6 +24,7 @@ def load_dataset(path: str | Path, limit: int | None = None, max_blocks: int | N
     if path.is_dir():
         raise ValueError(f"task file {path} is a folder, expected a JSONL file")
     tasks: list[Task] = []
+    seen: dict[str, int] = {}
     record = 0
     try:
         fh = path.open(encoding="utf-8")
@@ -37,8 +39,6 @@ def load_dataset(path: str | Path, limit: int | None = None, max_blocks: int | N
         if not line.strip():
             continue
         record += 1
-        if limit is not None and len(tasks) >= limit:
-            break
         where = f"task file {path}, record {record} (line {lineno}"
         try:
             raw = json.loads(line)
@@ -48,11 +48,14 @@ def load_dataset(path: str | Path, limit: int | None = None, max_blocks: int | N
         where += f", task {tid!r})" if tid is not None else ")"
         try:
             task = Task.from_dict(raw)
+            check_new_id(task, seen, lineno)
         except (ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"{where}: {exc}") from None
         for q in task.questions:
             if not q.answers or not all(isinstance(a, str) for a in q.answers):
                 raise ValueError(f"{where}: question {q.id} has no gold answers (a list of strings)")
+        if limit is not None and len(tasks) >= limit:
+            continue  # past the limit: validated, not kept
         if max_blocks is not None:
             task = subset(task, max_blocks)
             if task is None:

@@ -23,7 +23,9 @@ dataclasses' annotations below (strings are strict, ``role`` and ``kind`` are li
 evidence are non-empty lists of non-empty strings, units, questions and relations refuse unknown
 keys), plus the per-task id checks (no duplicate unit or question id, evidence names units of the
 task); the first error becomes one line naming the field (``questions[0].answers: expected a list,
-got str 'Oslo'``). Dataclasses built in code are not re-checked beyond ``Task.__post_init__``.
+got str 'Oslo'``). A file's loaders (:func:`iter_tasks`, ``tasks.load.load_dataset``) also refuse a task
+id an earlier line used, and validate every line even when asked for the first N tasks only.
+Dataclasses built in code are not re-checked beyond ``Task.__post_init__``.
 """
 
 from __future__ import annotations
@@ -216,35 +218,49 @@ def save_tasks(tasks: Iterable[Task], path: str | Path) -> int:
 
 
 def iter_tasks(path: str | Path) -> Iterator[Task]:
+    """The tasks of a JSONL file, each validated (:meth:`Task.from_dict`) as it is read; a bad line, or a
+    task id an earlier line already used, raises ``ValueError("FILE:LINE (task ID): field: what")``."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"task file {path} does not exist")
     if not path.is_file():
         raise ValueError(f"task file {path} is a folder, expected a JSONL file")
+    seen: dict[str, int] = {}
     with path.open(encoding="utf-8", errors="strict") as fh:
         lineno = 0
         try:
             for lineno, line in enumerate(fh, 1):
                 if line.strip():
-                    yield _task_at(json.loads(line), path, lineno)
+                    yield _task_at(json.loads(line), path, lineno, seen)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{lineno}: not valid JSON: {exc}") from None
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text: {exc}") from None
 
 
-def _task_at(raw: Any, path: Path, lineno: int) -> Task:
+def check_new_id(task: Task, seen: dict[str, int], lineno: int) -> None:
+    """Refuse a task id an earlier line of the file used (``seen``: id -> line, updated here): two tasks
+    with one id would be run, scored and resumed as one."""
+    if task.id in seen:
+        raise ValueError(f"id: duplicate task id {task.id!r} (first on line {seen[task.id]})")
+    seen[task.id] = lineno
+
+
+def _task_at(raw: Any, path: Path, lineno: int, seen: dict[str, int]) -> Task:
     try:
-        return Task.from_dict(raw)
+        task = Task.from_dict(raw)
+        check_new_id(task, seen, lineno)
+        return task
     except ValueError as exc:
         tid = f" (task {raw['id']!r})" if isinstance(raw, dict) and "id" in raw else ""
         raise ValueError(f"{path}:{lineno}{tid}: {exc}") from None
 
 
 def load_tasks(path: str | Path, limit: int | None = None) -> list[Task]:
+    """The file's first ``limit`` tasks (all when None); every line is validated, also those past the
+    limit (cheap next to any run), so a file is accepted or refused whatever the limit."""
     out = []
     for t in iter_tasks(path):
-        if limit is not None and len(out) >= limit:
-            break
-        out.append(t)
+        if limit is None or len(out) < limit:
+            out.append(t)
     return out
