@@ -4,9 +4,11 @@ Algorithm. ``run_rollouts(tasks, policy, env_config, batch_size)`` keeps up to `
 episodes open; each iteration collects the current observation of every open episode, asks the
 policy for all actions at once (``policy.act(batch)``: one generation call for a model policy),
 steps each environment, records the step (prompt messages, completion, reward, tool results), and
-replaces finished episodes with new tasks. An exception inside an environment step is a *crash*: it
-is counted, the traceback is recorded in the trajectory, and the episode is closed (the policy can
-never cause one: the environments turn every bad action into an error observation). A store outage
+replaces finished episodes with new tasks. An exception inside an environment step or reset, or
+raised by the policy itself (``start``, ``act``), is that episode's *crash*: it is counted, the
+traceback is recorded in the trajectory, and the episode is closed (a bad *action* never causes one:
+the environments turn it into an error observation). :func:`start_episode` and :func:`act_or_crash`
+are the guards, shared with ``atommem eval``. A store outage
 (``StoreUnavailableError``: the Chroma server is down) is not a crash: the episode's attempt fails with
 that error (server URL and operation named), and the task is retried from the start with backoff
 once the server answers again, or skipped after ``retries``; the run goes on (``run_rollouts``).
@@ -42,7 +44,52 @@ from .policies.base import Policy
 from .tasks.schema import Task
 
 
-_CRASHED = object()  # an action slot whose episode crashed inside the policy
+class Crash:
+    """What :func:`start_episode` or :func:`act_or_crash` give instead of a result when the environment's
+    reset or the policy raised: that episode's crash (``error``: one line, ``traceback``), not the run's."""
+
+    __slots__ = ("error", "traceback")
+
+    def __init__(self, exc: BaseException):
+        self.error = f"{type(exc).__name__}: {exc}"
+        self.traceback = traceback.format_exc()
+
+
+def start_episode(env, policy: Policy, key, task: Task, seed: int):
+    """``env.reset(seed=seed)`` then ``policy.start(key, task)``: ``(obs, info)``, or a :class:`Crash`
+    when either raised (the policy is then told to forget ``key``). A configuration error
+    (``EnvConfigError``) and a store outage (``StoreUnavailableError``) are raised: the first is the
+    caller's, the second is retried by :func:`run_rollouts`. Shared by rollouts and ``atommem eval``."""
+    try:
+        obs, info = env.reset(seed=seed)
+        policy.start(key, task)
+    except (StoreUnavailableError, EnvConfigError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - this episode's crash, not the run's
+        crash = Crash(exc)
+        try:
+            policy.end(key)
+        except Exception:  # noqa: BLE001 - start may have failed before the policy knew the key
+            pass
+        return crash
+    return obs, info
+
+
+def act_or_crash(policy: Policy, batch: list) -> list:
+    """One policy call for the batch. If it raises, each episode is asked alone, so the exception crashes
+    only the episodes it comes from (their slot is a :class:`Crash`) and the others go on. Shared by
+    rollouts and ``atommem eval``."""
+    try:
+        return policy.act(batch)
+    except Exception:  # noqa: BLE001
+        pass
+    out = []
+    for item in batch:
+        try:
+            out.append(policy.act([item])[0])
+        except Exception as exc:  # noqa: BLE001 - a policy crash is that episode's finding
+            out.append(Crash(exc))
+    return out
 
 
 def make_policy(name: str, **kw) -> Policy:
@@ -171,20 +218,14 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
         rec = new_record(task, attempt)
         env = make_env(task, **env_config)  # a configuration error raises here: the caller's bug
         try:
-            obs, info = env.reset(seed=seed + key)  # a retry replays the same episode
-            policy.start(key, task)
+            started = start_episode(env, policy, key, task, seed + key)  # a retry replays the same episode
         except StoreUnavailableError as exc:
             fail(key, task, attempt, env, exc, step=0)
             return
-        except EnvConfigError:
-            raise
-        except Exception:  # noqa: BLE001 - this episode's crash, not the run's
-            try:
-                policy.end(key)
-            except Exception:  # noqa: BLE001 - start may have failed before the policy knew the key
-                pass
-            crash(key, rec, env, traceback.format_exc())
+        if isinstance(started, Crash):
+            crash(key, rec, env, started.traceback)
             return
+        obs, info = started
         rec["namespace"] = env.store.namespace if env.store is not None else None
         active[key] = {"env": env, "obs": obs, "info": info, "rec": rec, "return": 0.0, "task": task,
                        "attempt": attempt}
@@ -215,26 +256,6 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
         policy.end(key)
         finish(key, rec)
 
-    def act(keys: list[int]) -> list:
-        """One policy call for the batch. If it raises, each episode is asked alone, so the exception
-        crashes only the episodes it comes from (their marker is _CRASHED) and the others go on."""
-        batch = [(k, active[k]["obs"], active[k]["info"]) for k in keys]
-        try:
-            return policy.act(batch)
-        except Exception:  # noqa: BLE001
-            pass
-        out = []
-        for item in batch:
-            try:
-                out.append(policy.act([item])[0])
-            except Exception:  # noqa: BLE001 - a policy crash is that episode's finding
-                st = active.pop(item[0])
-                policy.end(item[0])
-                st["rec"]["memory"] = st["env"].memory_snapshot() if record_prompts else None
-                crash(item[0], st["rec"], st["env"], traceback.format_exc())
-                out.append(_CRASHED)
-        return out
-
     while fresh or waiting or active:
         up = server_up()
         while waiting and waiting[0][0] <= time.monotonic() and len(active) < batch_size:
@@ -257,9 +278,13 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
                 time.sleep(max(0.0, min(waiting[0][0] - time.monotonic(), 1.0)))
             continue
         keys = list(active)
-        actions = act(keys)
+        actions = act_or_crash(policy, [(k, active[k]["obs"], active[k]["info"]) for k in keys])
         for k, action in zip(keys, actions):
-            if action is _CRASHED:
+            if isinstance(action, Crash):
+                st = active.pop(k)
+                policy.end(k)
+                st["rec"]["memory"] = st["env"].memory_snapshot() if record_prompts else None
+                crash(k, st["rec"], st["env"], action.traceback)
                 continue
             st = active[k]
             try:

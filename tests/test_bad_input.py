@@ -243,6 +243,47 @@ def test_an_exception_in_reset_or_the_policy_is_that_episodes_crash():
     assert not recs[2]["crashed"] and recs[2]["em"] == 1.0
 
 
+def test_an_exception_in_reset_or_the_policy_is_that_evaluation_episodes_crash(tmp_path, monkeypatch):
+    """In atommem eval only env.step was guarded: an exception in env.reset, policy.start or policy.act
+    ended the whole evaluation (no metrics.json)."""
+    from atommem_rl.eval.harness import evaluate
+    from atommem_rl.eval.methods import EvalSettings
+    from atommem_rl.policies import oracle
+    from envs.documents import DocumentEnv
+
+    tasks = generate_tasks(4, seed=0, docs=2, questions=1, confounders=0)
+
+    class Flaky(oracle.OraclePolicy):
+        def start(self, key, task):
+            if key[-1] == 0:
+                raise RuntimeError("cannot start task 0")
+            super().start(key, task)
+
+        def act(self, batch):
+            if any(k[-1] == 1 for k, _, _ in batch):
+                raise RuntimeError("policy failed on task 1")
+            return super().act(batch)
+
+    reset = DocumentEnv.reset
+
+    def flaky_reset(self, **kw):
+        if self.task.id == tasks[2].id:
+            raise RuntimeError("reset failed on task 2")
+        return reset(self, **kw)
+
+    monkeypatch.setattr(oracle, "OraclePolicy", Flaky)
+    monkeypatch.setattr(DocumentEnv, "reset", flaky_reset)
+    metrics = evaluate({"t": tasks}, ["oracle"], tmp_path / "e", settings=EvalSettings(batch_size=4, viewer_tasks=4),
+                       log=lambda line: None)
+    recs = [json.loads(x) for x in (tmp_path / "e" / "trajectories.jsonl").read_text().splitlines()]
+    crashed = [r["extra"]["crashed"] for r in recs]
+    assert "cannot start task 0" in crashed[0] and "policy failed on task 1" in crashed[1], crashed
+    assert "reset failed on task 2" in crashed[2] and crashed[3] is None, crashed
+    assert metrics["results"]["oracle"]["t"]["crashes"] == 3
+    assert [q["em"] for r in recs for q in r["questions"]] == [0.0, 0.0, 0.0, 1.0]
+
+
+
 def test_duplicate_task_ids_are_refused_and_every_line_is_checked(tmp_path):
     """Two lines with one task id were accepted (rollout and eval ran the same task twice, exit 0), and
     with --limit N the lines after the N-th were never validated."""

@@ -59,33 +59,63 @@ def _env_memory(env) -> list[dict]:
 def run_policy(tasks: list[Task], policy: Policy, s: EvalSettings, backend: Backend | None, prefix: tuple,
                gold: bool = False) -> list[dict]:
     """Episodes of a policy in the memory environment, ``batch_size`` at a time (one policy call per
-    round); the viewer episodes record the memory after every step."""
+    round); the viewer episodes record the memory after every step. An exception in the environment's
+    reset or step, or in the policy's start or act, is that episode's crash (``extra["crashed"]``, counted
+    in metrics.json; the traceback in ``extra["traceback"]``), never the evaluation's: the same guards as
+    ``atommem rollout`` (:func:`atommem_rl.rollout.start_episode`, :func:`atommem_rl.rollout.act_or_crash`)."""
     from envs import make_env
+
+    from atommem_rl.rollout import Crash, act_or_crash, start_episode
 
     queue = list(enumerate(tasks))
     active: dict[Any, dict] = {}
     out: list[dict] = []
+
+    def finish(k, st: dict, info: dict, term: bool, crash: Crash | None) -> None:
+        env, ep = st["env"], st["ep"]
+        if st["obs"] is not None:  # not when the episode never started (reset or policy.start raised)
+            ep.predictions = dict(env.answers)
+            ep.memory = _env_memory(env)
+        ep.ops = dict(info.get("ops") or {})
+        ep.extra.update({"evidence_recall": info.get("evidence_recall"),
+                         "confounder_token_share": info.get("confounder_token_share"),
+                         "env_tokens": info.get("tokens"), "terminated": bool(term),
+                         "tool_errors": info.get("tool_errors", 0), "crashed": crash.error if crash else None})
+        if crash is not None:
+            ep.extra["traceback"] = crash.traceback
+        env.close()
+        out.append({"i": st["i"], "ep": ep, "key": k})
+
     while queue or active:
         while queue and len(active) < s.batch_size:
             i, task = queue.pop(0)
             key = prefix + (i,)
-            env = make_env(task, **env_config(task, s, backend))
-            obs, info = env.reset(seed=s.seed + i)
-            policy.start(key, task if gold else public_task(task))
-            active[key] = {"env": env, "obs": obs, "info": info, "i": i,
-                           "ep": Episode(task, i < s.viewer_tasks, s.viewer_memory_cap)}
+            env = make_env(task, **env_config(task, s, backend))  # a configuration error is the run's
+            st = {"env": env, "obs": None, "info": {}, "i": i,
+                  "ep": Episode(task, i < s.viewer_tasks, s.viewer_memory_cap)}
+            started = start_episode(env, policy, key, task if gold else public_task(task), s.seed + i)
+            if isinstance(started, Crash):  # the policy has forgotten the key already
+                finish(key, st, {}, False, started)
+                continue
+            st["obs"], st["info"] = started
+            active[key] = st
+        if not active:
+            continue
         keys = list(active)
-        actions = policy.act([(k, active[k]["obs"], active[k]["info"]) for k in keys])
+        actions = act_or_crash(policy, [(k, active[k]["obs"], active[k]["info"]) for k in keys])
         for k, action in zip(keys, actions):
             st = active[k]
             env, ep = st["env"], st["ep"]
             sec = sections(st["obs"])
             shown = [f"[{h}] {t}" for h, t in memory_lines(st["obs"]).items()]
-            crashed = None
-            try:
-                obs, _, term, trunc, info = env.step(action)
-            except Exception as exc:  # noqa: BLE001 - a crash is a finding, recorded
-                crashed, term, trunc, info = f"{type(exc).__name__}: {exc}", False, True, st["info"]
+            crash = action if isinstance(action, Crash) else None
+            if crash is not None:
+                action, term, trunc, info = f"(the policy crashed: {crash.error})", False, True, st["info"]
+            else:
+                try:
+                    obs, _, term, trunc, info = env.step(action)
+                except Exception as exc:  # noqa: BLE001 - a crash is a finding, recorded
+                    crash, term, trunc, info = Crash(exc), False, True, st["info"]
             if ep.steps is not None:
                 kind = "chunk" if st["info"].get("phase") == "chunks" else "answer"
                 text = sec.get("chunk", "") if kind == "chunk" else sec.get("question", "")
@@ -93,18 +123,11 @@ def run_policy(tasks: list[Task], policy: Policy, s: EvalSettings, backend: Back
                            for r in info.get("results") or []]
                 ep.step(kind, text, [action] + results, _env_memory(env), shown,
                         "; ".join(f"{q}: {a}" for q, a in env.answers.items()) or None)
-            st["obs"], st["info"] = obs, info
+            if crash is None:
+                st["obs"], st["info"] = obs, info
             if term or trunc:
-                ep.predictions = dict(env.answers)
-                ep.ops = dict(info.get("ops") or {})
-                ep.memory = _env_memory(env)
-                ep.extra.update({"evidence_recall": info.get("evidence_recall"),
-                                 "confounder_token_share": info.get("confounder_token_share"),
-                                 "env_tokens": info.get("tokens"), "terminated": bool(term),
-                                 "tool_errors": info.get("tool_errors", 0), "crashed": crashed})
-                env.close()
+                finish(k, st, info, term, crash)
                 policy.end(k)
-                out.append({"i": st["i"], "ep": ep, "key": k})
                 del active[k]
     return [r["ep"] for r in sorted(out, key=lambda r: r["i"])]
 
