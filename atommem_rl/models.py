@@ -82,11 +82,12 @@ def _loadable(path: Path) -> bool:
         return False
 
 
-def prepare_base_model(out_dir: str | os.PathLike = BASE_MODEL_DIR, force: bool = False) -> Path:
-    """Convert the packaged SmolLM2-135M-Instruct GGUF into a trainable HF checkpoint (once)."""
+def prepare_base_model(out_dir: str | os.PathLike | None = None, force: bool = False) -> Path:
+    """Convert the packaged SmolLM2-135M-Instruct GGUF into a trainable HF checkpoint (once), in
+    ``out_dir`` (default :data:`BASE_MODEL_DIR`, read at call time like every other use of the default)."""
     from transformers import AutoModelForCausalLM
 
-    out = Path(out_dir)
+    out = Path(BASE_MODEL_DIR if out_dir is None else out_dir)
     if not force and _loadable(out):
         return out
     pkg = smollm2_package_dir()

@@ -390,6 +390,37 @@ def test_a_truncated_model_is_named_before_anything_runs(tasks_file, tmp_path):
     assert not (tmp_path / "e").exists()  # no method ran before the error
 
 
+def test_a_truncated_default_model_is_named_before_anything_runs(tasks_file, tmp_path, monkeypatch):
+    """Without --model, rollout and eval used the default base model folder unchecked: a truncated
+    model.safetensors there failed late (eval: after other methods had run)."""
+    import struct
+
+    from atommem_rl import models
+
+    default = tmp_path / "base"
+    default.mkdir()
+    (default / "config.json").write_text("{}")
+    header = json.dumps({"w": {"dtype": "F32", "shape": [16], "data_offsets": [0, 64]}}).encode()
+    weights = default / "model.safetensors"
+    weights.write_bytes(struct.pack("<Q", len(header)) + header + bytes(40))  # 24 of the 64 bytes missing
+
+    def no_conversion(*args, **kwargs):  # a test must never convert the real base model into the repository
+        raise AssertionError("prepare_base_model called")
+
+    monkeypatch.setattr(models, "BASE_MODEL_DIR", default)
+    monkeypatch.setattr(models, "prepare_base_model", no_conversion)
+    res = run_cli(["rollout", "--tasks", str(tasks_file), "--policy", "model", "--out", str(tmp_path / "r.jsonl"), *ENV])
+    assert res.rc == 2 and str(weights) in error_line(res) and "default" in error_line(res), res
+    res = run_cli(["eval", "--tasks", str(tasks_file), "--methods", "oracle,append_all", "--out", str(tmp_path / "e")])
+    assert res.rc == 2 and str(weights) in error_line(res) and "default" in error_line(res), res
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "e").exists()
+    # a missing default is no error: the first use builds it from the packaged GGUF
+    from atommem_rl.training.checkpoints import check_model_or_default
+
+    monkeypatch.setattr(models, "BASE_MODEL_DIR", tmp_path / "absent")
+    assert check_model_or_default(None) is None
+
+
 # ------------------------------------------------------------------------------------------------ 8. paths
 def test_run_name_cannot_leave_checkpoints():
     from atommem_rl.training.recipes import RecipeError, load_recipe

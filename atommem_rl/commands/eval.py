@@ -99,9 +99,9 @@ def _datasets(specs: list[str], limit, max_blocks) -> tuple[dict, dict]:
 def main(args) -> int:
     from atommem_rl.inference.chat_backends import make_backend
     from atommem_rl.eval.harness import evaluate
-    from atommem_rl.eval.methods import ALL_METHODS, EvalSettings
+    from atommem_rl.eval.methods import ALL_METHODS, LLM_METHODS, EvalSettings
     from atommem_rl.models import check_checkpoint
-    from atommem_rl.training.checkpoints import check_model
+    from atommem_rl.training.checkpoints import check_model, check_model_or_default
 
     # every model is checked (weights intact, not only present) before the first method runs
     check = check_checkpoint if args.backend == "openai" else check_model
@@ -120,8 +120,9 @@ def main(args) -> int:
     if bad:
         raise ValueError(f"unknown method(s) {', '.join(bad)}; expected {', '.join(ALL_METHODS)} or checkpoint:NAME "
                          "(one per --checkpoint)")
-    if args.model and args.backend != "openai":
-        check(args.model)
+    if args.backend != "openai" and (args.model or any(m in LLM_METHODS for m in methods)):
+        # --model, or the default base model when a method will read with it (not for oracle/heuristic only)
+        check_model_or_default(args.model)
     datasets, files = _datasets(args.tasks, args.limit, args.max_blocks)
     fields = {f: getattr(args, f) for f in EvalSettings.__dataclass_fields__ if hasattr(args, f)}
     settings = EvalSettings(**fields)

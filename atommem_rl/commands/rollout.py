@@ -95,10 +95,11 @@ def main(args) -> int:
     cfg = env_config_from_args(args)
     input_file(args.tasks, "--tasks")
     output_file(args.out, "--out")
-    if args.policy == "model" and args.model and args.backend != "openai":
-        from atommem_rl.training.checkpoints import check_model
+    if args.policy == "model" and args.backend != "openai":
+        from atommem_rl.training.checkpoints import check_model_or_default
 
-        check_model(args.model)  # a truncated weights file is named here, not deep inside the loader
+        # --model, or the default base model: a truncated weights file is named here, not deep inside the loader
+        check_model_or_default(args.model)
     tasks = load_tasks(args.tasks, limit=args.limit)
     if not tasks:
         raise ValueError(f"{args.tasks} holds no tasks")

@@ -106,6 +106,26 @@ def check_model(path: str | os.PathLike) -> Path:
     return p
 
 
+def check_model_or_default(path: str | os.PathLike | None) -> Path | None:
+    """:func:`check_model` for a model named on the command line; for none (``path`` None: the default,
+    ``models.BASE_MODEL_DIR``) the same check once that folder holds a ``config.json``, since it is then
+    loaded as it is (a truncated weights file there failed late, after other work). A default folder
+    without one is no error: the first use converts it from the packaged GGUF. Returns the folder
+    checked, or None."""
+    from .. import models
+
+    if path is not None:
+        return check_model(path)
+    default = models.BASE_MODEL_DIR
+    if not (default / "config.json").exists():
+        return None
+    try:
+        return check_model(default)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc} (the default base model, used without --model; convert it again: "
+                              f".venv/bin/python scripts/prepare_base_model.py --force --out {default})") from None
+
+
 def check_trainer_checkpoint(path: str | os.PathLike, parts: tuple[str, ...] = ()) -> Path:
     """A ``checkpoint-N`` folder Trainer can resume from: the model plus an intact trainer state, and
     the sub-folders ``parts`` (PPO: ``critic``) present and intact."""
