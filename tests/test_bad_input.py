@@ -72,6 +72,15 @@ def test_quickstart_never_removes_a_folder_it_did_not_write(tmp_path):
     assert not (out / "data").exists()  # refused before any phase ran
 
 
+def test_quickstart_refuses_before_making_any_folder(tmp_path):
+    """The quickstart made --out and --out/phases before its checks, so a refused run left folders behind."""
+    out = tmp_path / "Q"
+    res = run_cli(["quickstart", "--tiny", "--out", str(out), "--skip", "retrieval,eval", "--sft-set", "max_steps=-3"],
+                  timeout=120)
+    assert res.rc == 2 and "max_steps" in error_line(res), res
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------------------ 3. two writers
 def test_two_writers_of_one_namespace_lose_nothing():
     """Two stores writing one namespace: ids were a1, a2, ... per writer and Chroma ignored the second

@@ -81,8 +81,7 @@ class Phases:
 
     def __init__(self, out: str | Path, force: bool = False, total: int | None = None, log: Callable = print):
         self.out = Path(out)
-        self.dir = self.out / "phases"
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir = self.out / "phases"  # made when the first phase runs: a run refused before that makes nothing
         self.force, self.total, self.log = force, total, log
         self.markers: dict[str, dict] = {}
         self.ran: dict[str, bool] = {}
@@ -123,6 +122,7 @@ class Phases:
             self.log(f"{head}: its output {bad[0]} is missing or changed since it finished"
                      + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") + "; running it again")
         self.log(f"{head}: running")
+        self.dir.mkdir(parents=True, exist_ok=True)
         t0, c0 = time.perf_counter(), time.process_time()
         result = fn()
         seconds = time.perf_counter() - t0

@@ -159,8 +159,7 @@ class Quickstart:
         from tqdm.auto import tqdm
 
         self.cfg = cfg
-        self.out = Path(cfg.out).resolve()
-        self.out.mkdir(parents=True, exist_ok=True)
+        self.out = Path(cfg.out).resolve()  # made by the first phase, after run()'s checks
         self.log = log or tqdm.write
         self._parsed_recipes: dict = {}
         n = 6 - len(cfg.skip)
