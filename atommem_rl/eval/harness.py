@@ -308,8 +308,9 @@ def evaluate(datasets: dict[str, list[Task]], methods: list[str], out_dir: str |
 
 
 class _Partial:
-    """``records.partial.jsonl``: a header line (the run's fingerprint: settings, datasets and their
-    task ids, the caller's extra settings such as model paths), then ``{"method_info": ...}`` and
+    """``records.partial.jsonl``: a header line (the run's fingerprint: settings, a SHA-256 of each
+    dataset's tasks, the caller's extra settings such as model paths, and name, size and mtime of the
+    top-level files of the folders those name: ``_tasks_digest``, ``_files_digest``), then ``{"method_info": ...}`` and
     ``{"record": ...}`` lines as (method, dataset) pairs finish. A pair counts as done when all its
     tasks' records are there; a file whose header differs from this run is not resumed from."""
 
