@@ -61,12 +61,16 @@ PORT=$((18000 + RANDOM % 1000))
 HANGS=0
 : >"$DIR/jobs.tsv"
 
-diagnose() {  # $1 = name, $2 = run folder: what a hung job was doing, on stderr (CI prints the test's stderr)
-  local pid
+diagnose() {  # $1 = name, $2 = run folder, $3 = Slurm job id (none: processes naming $2): what a hung job was
+  local pid pids  # doing, on stderr (tests/test_rehearsal.py shows the script's stderr when it fails)
   echo "=== $1 timed out: Python stacks of its processes (py-spy) ===" >&2
-  for pid in $(pgrep -f -- "$2" 2>/dev/null); do
+  if [ -n "${3:-}" ]; then pids=$(scontrol listpids "$3" 2>/dev/null | awk 'NR > 1 {print $1}')
+  else pids=$(pgrep -f -- "$2" 2>/dev/null); fi
+  for pid in $pids; do  # the Python processes only (the job's shells too are listed)
+    case "$(readlink /proc/"$pid"/exe 2>/dev/null)" in *python*) ;; *) continue ;; esac
+    echo "--- pid $pid: $(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-160)" >&2
     if [ -x .venv/bin/py-spy ]; then .venv/bin/py-spy dump --pid "$pid" 2>&1 | head -60 >&2 || true
-    else echo "pid $pid: $(tr '\0' ' ' </proc/"$pid"/cmdline 2>/dev/null | cut -c1-200) (py-spy missing)" >&2; fi
+    else echo "(py-spy missing: pip install py-spy)" >&2; fi
   done
   for f in "$DIR"/slurm-"$1"-*.out "$2"/logs/vllm-*.log; do
     [ -f "$f" ] && { echo "=== tail of $f ===" >&2; tail -c 3000 "$f" >&2; }
@@ -94,7 +98,7 @@ job() {  # name nprocs accelerate-config recipe [overrides...]: one sbatch job, 
   t0=$SECONDS
   while squeue -h -j "$id" 2>/dev/null | grep -q .; do
     if [ $((SECONDS - t0)) -gt "$TIMEOUT" ]; then
-      diagnose "$name" "$DIR/$name/run"
+      diagnose "$name" "$DIR/$name/run" "$id"
       scancel "$id"; HANGS=$((HANGS + 1)); echo "$name	hang	$((SECONDS - t0))" >>"$DIR/jobs.tsv"
       echo "job $name: no end after $TIMEOUT s running: counted as a hang, cancelled" >&2; return
     fi
