@@ -19,13 +19,13 @@ changes only where advantages come from:
 
 Launch:
     atommem ppo --config recipes/quickstart/ppo.yaml
-    accelerate launch --config_file recipes/accelerate/zero3.yaml -m atommem_rl.cli ppo --config recipes/qwen3_8b/ppo.yaml
+    accelerate launch --config_file recipes/accelerate/fsdp2.yaml -m atommem_rl.cli ppo --config recipes/qwen3_8b/ppo.yaml
+(DeepSpeed is refused before any model is loaded: see ``refuse_unsupported_ppo``.)
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -40,6 +40,8 @@ from .recipes import parse_recipe_args
 
 CRITIC_DIR = "critic"  # <output_dir>/critic and <output_dir>/checkpoint-N/critic
 CRITIC_OPTIMIZER = "optimizer.pt"
+DEEPSPEED_REFUSED = ("atommem ppo does not run under DeepSpeed (the critic would be a second DeepSpeed engine); "
+                     "launch it with recipes/accelerate/fsdp2.yaml or multi_gpu.yaml")
 
 
 @dataclass
@@ -65,6 +67,8 @@ class PPORecipeConfig(GRPORecipeConfig):
     whiten_advantages: bool = field(default=True, metadata={"help": "Normalise advantages over the batch."})
 
     def __post_init__(self):
+        # first: TrainingArguments' own __post_init__ already sets DeepSpeed up (and fails without it installed)
+        refuse_unsupported_ppo(self)
         if self.output_dir is None:
             self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "ppo")
         super().__post_init__()
@@ -95,8 +99,12 @@ class StepwisePPOTrainer(StepwiseGRPOTrainer):
     because DDP reduces gradients in every backward and FSDP gathers parameters in every forward."""
 
     def __init__(self, *args, critic=None, critic_config: PPORecipeConfig | None = None, **kwargs):
-        refuse_unsupported_ppo()
+        refuse_unsupported_ppo(critic_config)  # normally already refused by PPORecipeConfig, before any model loaded
         super().__init__(*args, **kwargs)
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            raise ValueError(DEEPSPEED_REFUSED)
         cfg = critic_config
         self.gamma, self.lam = cfg.gamma, cfg.lam
         self.cliprange_value, self.critic_epochs = cfg.cliprange_value, cfg.critic_epochs
@@ -230,16 +238,15 @@ class StepwisePPOTrainer(StepwiseGRPOTrainer):
         return per_episode
 
 
-def refuse_unsupported_ppo() -> None:
+def refuse_unsupported_ppo(config) -> None:
     """PPO under DeepSpeed: the critic would be a second DeepSpeed engine, and accelerate routes
-    ``backward`` to one engine only; refused before anything is built."""
-    from accelerate.state import PartialState
-    from accelerate.utils import DistributedType
+    ``backward`` to one engine only. Refused before any model is loaded: ``PPORecipeConfig`` checks it
+    first thing in ``__post_init__`` (``accelerate launch`` with a DeepSpeed config sets
+    ACCELERATE_USE_DEEPSPEED=true in every process; ``--deepspeed ds.json`` sets the config's field)."""
+    from ..models import launched_with_deepspeed
 
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true" or \
-            PartialState().distributed_type == DistributedType.DEEPSPEED:
-        raise ValueError("atommem ppo does not run under DeepSpeed (the critic would be a second DeepSpeed engine); "
-                         "launch it with recipes/accelerate/fsdp2.yaml or multi_gpu.yaml")
+    if launched_with_deepspeed(config):
+        raise ValueError(DEEPSPEED_REFUSED)
 
 
 def _state_options(**kw):
@@ -267,32 +274,70 @@ def save_critic_state(trainer: StepwisePPOTrainer, folder: Path, optimizer: bool
 
 
 def load_critic_state(trainer: StepwisePPOTrainer, folder: Path) -> None:
-    """Every rank reads the full critic and optimizer state and keeps its own shard of it."""
+    restore_critic(trainer.accelerator.unwrap_model(trainer.critic), trainer.critic_optimizer, folder)
+
+
+def _is_sharded(model: torch.nn.Module) -> bool:
+    """Whether the model's parameters are DTensors (FSDP2's ``fully_shard``, which accelerate applies)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _model_class(model: torch.nn.Module) -> type:
+    """The model's own class: FSDP2 swaps it for a generated subclass ``FSDP<cls>(FSDPModule, cls)``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    cls = type(model)
+    if issubclass(cls, FSDPModule):
+        cls = next(c for c in cls.__mro__[1:] if not issubclass(c, FSDPModule))
+    return cls
+
+
+def restore_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+    """Load a critic folder written by :func:`save_critic_state` into ``critic`` and ``optimizer``.
+
+    One process or DDP: every rank reads the full state and loads it. FSDP2 (DTensor parameters): rank 0
+    alone reads the files and torch broadcasts them (``broadcast_from_rank0``), each rank keeping its shard.
+    Every rank reading them would put a full copy of the critic and of its optimizer state per rank in the
+    node's CPU memory (8 x 96 GB for an 8B critic), and with ``fsdp_cpu_ram_efficient_loading``
+    (recipes/accelerate/fsdp2.yaml) transformers gives every process but each node's local rank 0
+    zero-filled weights (torch 2.13's full-state load scatters a DTensor from rank 0 anyway, so those zeros
+    were not loaded; now they are not even read)."""
+    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    critic = trainer.accelerator.unwrap_model(trainer.critic)
-    saved = type(critic).from_pretrained(folder, dtype=torch.float32).state_dict()
-    set_model_state_dict(critic, saved, options=_state_options())
-    optim = torch.load(folder / CRITIC_OPTIMIZER, weights_only=True, map_location="cpu")
-    set_optimizer_state_dict(critic, trainer.critic_optimizer, optim, options=_state_options())
+    broadcast = _is_sharded(critic) and dist.is_initialized()
+    reads = not broadcast or dist.get_rank() == 0
+    saved = _model_class(critic).from_pretrained(folder, dtype=torch.float32).state_dict() if reads else {}
+    set_model_state_dict(critic, saved, options=_state_options(broadcast_from_rank0=broadcast))
+    del saved
+    optim = torch.load(folder / CRITIC_OPTIMIZER, weights_only=True, map_location="cpu") if reads else {}
+    set_optimizer_state_dict(critic, optimizer, optim, options=_state_options(broadcast_from_rank0=broadcast))
 
 
 def build_critic(config: PPORecipeConfig):
+    """The critic: ``value_model`` (or the policy checkpoint) with a fresh scalar head, loaded in the dtype
+    the policy trains in (``models.trainable_dtype``: fp32 unless DeepSpeed, which PPO refuses), so a bf16
+    checkpoint is not trained with pure bf16 AdamW."""
     from transformers import AutoModelForSequenceClassification, set_seed
 
-    from ..models import check_checkpoint
+    from ..models import check_checkpoint, launched_with_deepspeed, trainable_dtype
 
     path = check_checkpoint(config.value_model or config.model_name_or_path)
+    dtype = trainable_dtype(config.dtype, launched_with_deepspeed(config))
     # the scalar head is new: initialise it from the run's seed (it was built before Trainer seeds the
     # RNG, so two runs with one seed, or 1 and 2 processes, started from different critics)
     set_seed(config.seed)
-    critic = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    critic = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype)
     if critic.config.pad_token_id is None:
         critic.config.pad_token_id = critic.config.eos_token_id
     return critic
 
 
 def build_trainer(config: PPORecipeConfig) -> StepwisePPOTrainer:
+    refuse_unsupported_ppo(config)  # before either model is loaded
     return grpo.build_trainer(config, StepwisePPOTrainer, critic=build_critic(config), critic_config=config)
 
 
