@@ -105,18 +105,24 @@ def input_file(path: str, what: str) -> Path:
     return p
 
 
-def output_file(path: str, what: str) -> Path:
-    """``path`` as a file to write: an existing folder there (or a file where its folder should be)
-    is a one-line error naming it, raised before any work."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{what} {p} is a folder, expected a file path")
+def _nearest_existing_parent_is_a_folder(p: Path, what: str) -> Path:
+    """``p`` unchanged, unless the nearest of its parents that exists is a file (the folders to make
+    under it cannot be made): then a one-line error naming both."""
     for parent in p.parents:
         if parent.exists():
             if not parent.is_dir():
                 raise ValueError(f"{what} {p}: {parent} is a file, not a folder")
             break
     return p
+
+
+def output_file(path: str, what: str) -> Path:
+    """``path`` as a file to write: an existing folder there (or a file where its folder should be)
+    is a one-line error naming it, raised before any work."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{what} {p} is a folder, expected a file path")
+    return _nearest_existing_parent_is_a_folder(p, what)
 
 
 def output_dir(path: str, what: str) -> Path:
@@ -124,9 +130,4 @@ def output_dir(path: str, what: str) -> Path:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ValueError(f"{what} {p} is an existing file, expected a folder")
-    for parent in p.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise ValueError(f"{what} {p}: {parent} is a file, not a folder")
-            break
-    return p
+    return _nearest_existing_parent_is_a_folder(p, what)
