@@ -35,6 +35,22 @@ def test_server_rounds_with_uneven_prompts_on_two_ranks(tmp_path):
     assert ranks[0]["server_calls"] == 13 and ranks[1]["server_calls"] == 0  # the main process asks
 
 
+def test_a_failed_server_round_raises_on_every_rank(tmp_path):
+    """The main process's requests fail in the second round (the scripted server raises a connection
+    error): every rank raises ServerRoundError naming it, in the same round, at once. Before, rank 0 raised
+    alone and rank 1 waited in the broadcast of the round's completions until gloo's 30-minute timeout
+    (this test's 120 s limit would have cut it)."""
+    out = tmp_path / "ranks.jsonl"
+    accelerate = Path(sys.executable).with_name("accelerate")
+    res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+                          "--main_process_port", str(free_port()), str(REPO / "tests/multirank/server_rounds.py"),
+                          str(out), "fail"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+    assert [(r["rank"], r["round"], r["error"]) for r in ranks] == [(0, 1, "ServerRoundError"), (1, 1, "ServerRoundError")]
+    assert all("ConnectionError: scripted: the server went away" in r["message"] for r in ranks)
+
+
 def test_importance_sampling_modes_by_hand():
     from atommem_rl.training.grpo import importance_sampling_ratio
 

@@ -46,6 +46,11 @@ class CompletionMismatch(RuntimeError):
     """The vLLM server answered a round with completions of other prompts than the ones sent."""
 
 
+class ServerRoundError(RuntimeError):
+    """The main process's requests to the vLLM server failed in a round. Raised on every rank: the others
+    would otherwise wait in the broadcast of the round's completions until the process group's timeout."""
+
+
 def uses_vllm_server(trainer) -> bool:
     return bool(getattr(trainer, "use_vllm", False)) and getattr(trainer.args, "vllm_mode", None) == "server"
 
@@ -115,9 +120,16 @@ class TrainerPolicy(Policy):
         payload = [None]
         if acc.is_main_process:
             flat = [item for r in per_rank for item in r]
-            payload = [self._ask_server(vg, flat)]
+            try:
+                payload = [("ok", self._ask_server(vg, flat))]
+            except Exception as exc:  # sent to every rank, which all raise it, instead of leaving them waiting
+                payload = [("error", f"{type(exc).__name__}: {exc}")]
         broadcast_object_list(payload, from_process=0)
-        completions, logprobs, echoed = payload[0]
+        status, answer = payload[0]
+        if status == "error":
+            raise ServerRoundError(f"rank {acc.process_index}: the vLLM server round failed on the main process "
+                                   f"({sum(counts)} prompts): {answer}")
+        completions, logprobs, echoed = answer
         start = sum(counts[: acc.process_index])
         mine = slice(start, start + len(prompt_ids))
         bad = sum(int(e != p) for e, p in zip(echoed[mine], prompt_ids, strict=True))

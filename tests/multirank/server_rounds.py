@@ -4,6 +4,8 @@ server mode with a different number of prompts per rank and per round, through t
 The vLLM server is scripted (a test must script the model's output to check which prompt a completion
 belongs to): its completion of a prompt is the prompt's last two tokens and the seed's low byte, and it
 echoes the prompt ids, as vLLM's /v1/completions does. Writes one JSON line per rank to argv[1].
+With argv[2] == "fail" the server refuses the second round's requests (a connection error), and each rank
+writes the error it raised instead.
 """
 
 import json
@@ -17,22 +19,25 @@ from atommem_rl.training.rounds import TrainerPolicy
 
 
 class ScriptedServer:
-    def __init__(self):
+    def __init__(self, fail_round: int | None = None):
         self.calls = 0
+        self.fail_round = fail_round
         self.lock = threading.Lock()
 
     def generate(self, prompts, generation_kwargs=None, **params):
         with self.lock:
             self.calls += 1
         seed = generation_kwargs["seed"]
+        if self.fail_round is not None and (seed % 1000) // 10 == self.fail_round:  # the seeds below hold the round
+            raise ConnectionError("scripted: the server went away")
         return {"prompt_ids": [list(p) for p in prompts], "completion_ids": [[p[-2], p[-1], seed % 256] for p in prompts],
                 "logprobs": [[[-0.5]] * 3 for _ in prompts]}
 
 
-def main(out: str) -> None:
+def main(out: str, mode: str = "") -> None:
     acc = Accelerator(cpu=True)
     rank = acc.process_index
-    server = ScriptedServer()
+    server = ScriptedServer(fail_round=1 if mode == "fail" else None)
     vg = SimpleNamespace(vllm_client=server, repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
                          max_completion_length=8, logprobs=0, structured_outputs_regex=None, generation_kwargs={},
                          sync_weights=lambda: None)
@@ -46,13 +51,28 @@ def main(out: str) -> None:
     for r, n in enumerate(plan):
         prompts = [[rank + 1, 100 * r + i, 7 * i + rank] for i in range(n)]
         seeds = [1000 * rank + 10 * r + i for i in range(n)]
+        if mode == "fail":
+            try:
+                policy._round(prompts, seeds)
+            except Exception as exc:
+                with open(out, "a") as f:
+                    f.write(json.dumps({"rank": rank, "round": r, "error": type(exc).__name__, "message": str(exc)}) + "\n")
+                break  # every rank stops in the same round
+            continue
         completions, logprobs, busy = policy._round(prompts, seeds)
         assert busy and len(completions) == n and len(logprobs) == n
         mismatched += sum(c != [p[-2], p[-1], s % 256] for c, p, s in zip(completions, prompts, seeds))
+    if mode == "fail":
+        _close(acc)
+        return
     policy.drain()
     with open(out, "a") as f:
         f.write(json.dumps({"rank": rank, "rounds": policy.rounds, "mismatched": mismatched,
                             "server_calls": server.calls, "prompts": policy.generated_prompts}) + "\n")
+    _close(acc)
+
+
+def _close(acc) -> None:
     # left to interpreter exit, a gloo rank sometimes aborts after finishing (as the CLI, destroy it)
     acc.wait_for_everyone()
     import torch.distributed as dist
@@ -61,4 +81,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])
