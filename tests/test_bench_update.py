@@ -20,7 +20,7 @@ def test_bench_update_tiny(capsys):
         assert key in out, key
     assert out["samples"] == sum(out["episode_steps"]) >= 2
     assert out["forwarded_tokens"] < out["raw_tokens"] and out["packing_ratio"] > 1
-    assert out["max_logprob_diff"] <= 1e-4 and out["grad_cosine"] >= 0.9999
+    assert out["max_logprob_diff"] <= 1e-4 and 0.9999 <= out["grad_cosine"] <= 1 + 1e-9  # above 1 is an arithmetic error
     assert out["dtype"] == "float32" and set(out["variants"]) == {"baseline", "packed_all", "packed"}
     assert all(len(v["runs_s"]) == 1 for v in out["variants"].values())
 
