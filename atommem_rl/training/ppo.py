@@ -330,7 +330,7 @@ def build_critic(config: PPORecipeConfig):
     # RNG, so two runs with one seed, or 1 and 2 processes, started from different critics)
     set_seed(config.seed)
     critic = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype)
+        path, num_labels=1, dtype=dtype if dtype in (None, "auto") else getattr(torch, dtype))
     if critic.config.pad_token_id is None:
         critic.config.pad_token_id = critic.config.eos_token_id
     return critic
