@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from atommem_rl.eval.methods import EvalSettings  # noqa: E402
-from atommem_rl.pipeline.quickstart import episode_stats, paired_summary  # noqa: E402
+from atommem_rl.pipeline.stats import episode_stats, paired_summary  # noqa: E402
 from atommem_rl.tasks.schema import save_tasks  # noqa: E402
 from atommem_rl.training.task_source import TaskSource, load_train_tasks  # noqa: E402
 

@@ -9,11 +9,15 @@ is decoded and counted.
 Stop tokens: the ends ``generate`` stops on (the generation config's ``eos_token_id``, a list or one id,
 else the tokenizer's), or with ``stop_at_special_tokens`` any special token of the tokenizer (the
 evaluation's readers: a reply ends where the model starts another turn).
+
+The batch's common prompt prefix (the system prompt at least) is prefilled once
+(:mod:`~atommem_rl.inference.shared_prefix`); the rest of the call is ``generate``'s own.
 """
 
 from __future__ import annotations
 
 from .generation import Completion, cut_at_stop
+from .shared_prefix import generate_shared_prefix
 
 
 class HFEngine:
@@ -56,9 +60,9 @@ class HFEngine:
             mask = torch.tensor([[0] * (width - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in part],
                                 device=self.device)
             with torch.no_grad():
-                gen = self.model.generate(input_ids=input_ids, attention_mask=mask,
-                                          max_new_tokens=max(limits[i] for i in part), pad_token_id=pad,
-                                          eos_token_id=self.eos_token_id, **sampling)
+                gen = generate_shared_prefix(self.model, input_ids, mask, pad_token_id=pad,
+                                             max_new_tokens=max(limits[i] for i in part),
+                                             eos_token_id=self.eos_token_id, **sampling)
             for i, row in zip(part, gen[:, width:].tolist()):
                 kept = cut_at_stop(row[: limits[i]], self.stops)
                 out[i] = Completion(tok.decode(kept, skip_special_tokens=True), len(prompt_ids[i]), len(kept), kept)

@@ -8,6 +8,8 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+from .stats import verdict
+
 
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}"
@@ -25,6 +27,13 @@ def training_log(folder: Path) -> list[dict]:
     return json.loads(states[-1].read_text()).get("log_history", []) if states else []
 
 
+def informative_steps(rows: list[dict]) -> list[dict]:
+    """The GRPO log rows (one per step) whose groups did not all score the same: ``reward_std`` (TRL's
+    mean over the step's groups of the within-group standard deviation) above 0, so some advantage was not
+    0 and the step moved the policy. A step whose every group scored alike is held or skipped."""
+    return [r for r in rows if (r.get("reward_std") or 0.0) > 0.0]
+
+
 def plot_training(out: Path) -> str | None:
     """SFT loss and GRPO reward per optimisation step (matplotlib, Agg)."""
     from atommem_rl.eval.plots import _plt
@@ -37,7 +46,13 @@ def plot_training(out: Path) -> str | None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
     axes[0].plot([s for s, _ in sft], [v for _, v in sft], marker=".")
     axes[0].set_title("SFT: loss per step")
-    axes[1].plot([s for s, _ in grpo], [v for _, v in grpo], marker=".", color="C1")
+    axes[1].plot([s for s, _ in grpo], [v for _, v in grpo], marker=".", color="C1", label="all steps")
+    info = [(r["step"], r["reward"]) for r in informative_steps(
+        [r for r in training_log(out / "grpo") if "reward" in r])]
+    if info:
+        axes[1].plot([s for s, _ in info], [v for _, v in info], "o", color="C1", mfc="none",
+                     label="informative (groups differ)")
+        axes[1].legend(fontsize=8)
     axes[1].set_title("GRPO: mean episode return per step")
     for ax in axes:
         ax.set_xlabel("step")
@@ -76,9 +91,14 @@ def write_quickstart_report(q, wall_seconds: float) -> Path:
                      f"-> `{s['output_dir']}`")
         if "grpo" in m:
             g = m["grpo"]["result"]
-            rewards = [r["reward"] for r in training_log(out / "grpo") if "reward" in r]
+            rows = [r for r in training_log(out / "grpo") if "reward" in r]
+            rewards = [r["reward"] for r in rows]
+            informative = informative_steps(rows)
             L.append(f"- GRPO: {g['global_step']} steps, loss {g['train_loss']:.4f}, mean episode return per step "
                      f"{', '.join(f'{x:.2f}' for x in rewards) or '-'} -> `{g['output_dir']}`")
+            L.append(f"- GRPO informative steps (some group's episodes scored differently, so the step had a "
+                     f"gradient): {len(informative)} of {len(rows)}"
+                     + (f" (steps {', '.join(str(r['step']) for r in informative)})" if informative else ""))
         if curves:
             L += ["", f"![training curves]({curves})"]
         L.append("")
@@ -99,7 +119,9 @@ def write_quickstart_report(q, wall_seconds: float) -> Path:
         diffs = {k: v for k, v in ep.items() if " - " in k}
         if diffs:
             L += ["", "Paired differences on the same tasks (percentage points, mean ± standard error):", ""]
-            L += [f"- {k}: EM {_pm(v['em'])}, F1 {_pm(v['f1'])}" for k, v in diffs.items()]
+            L += [f"- {k}: EM {_pm(v['em'])} ({verdict(v['em'])}), F1 {_pm(v['f1'])} ({verdict(v['f1'])})"
+                  for k, v in diffs.items() if v["em"]["n"]]
+            L += ["", "Beyond noise: more than 2 standard errors of the paired difference away from 0."]
         L += ["", "Plots and per-episode traces: [eval/report.md](eval/report.md), "
               "[eval/viewer.html](eval/viewer.html)", ""]
         L += [f"![{p}](eval/{p})" for p in e.get("plots", [])] + [""]

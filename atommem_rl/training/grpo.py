@@ -85,6 +85,10 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
         "help": "Hugging Face generate: sample each episode step with its own seed (Gumbel-max, "
                 "training/seeded_sampling.py), so rollouts do not depend on the number of processes, the "
                 "batch composition or the RNG state (resume). False: generate's own sampling."})
+    shared_prefix_generation: bool = field(default=True, metadata={
+        "help": "Hugging Face generate (one process or DDP): prefill the common prompt prefix of a round's rows "
+                "once (inference/shared_prefix.py; in a first round all G episodes of a task read the same "
+                "prompt), the same tokens up to float rounding. False: generate's left-padded prefill of every row."})
     skip_zero_advantage: bool = field(default=True, metadata={
         "help": "Beta 0: a micro-batch whose advantages are all 0 (every episode of its groups scored the same) "
                 "skips the policy forward/backward and gets exact zero gradients instead (one process or DDP, "
@@ -291,6 +295,8 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                      batch_size=self.rollout_batch_size or len(tasks), seed=seed, record_prompts=False,
                      on_episode=finished.append)
         policy.drain()
+        self._prefill = (sum(c.get("prompt_tokens", 0) for c in policy.prefill_stats),
+                         sum(c.get("forwarded_prompt_tokens", 0) for c in policy.prefill_stats))
         # records carry the task's key (0..n-1). An attempt that failed on a store outage was
         # restarted under the same key (policy.start reset its steps), and a task skipped after its
         # retries has a record without steps: it scores 0 and gives no samples
@@ -620,6 +626,9 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             "completion_tokens": float(completion_tokens),
             **{f"op_{op}": sum((r.get("ops") or {}).get(op, 0) for r in recs) for op in OPS},
             "episodes": len(recs), "steps": n_steps,
+            # Hugging Face generate's prompt tokens and those it prefilled (shared_prefix_generation; 0, 0 on vLLM)
+            "prompt_tokens": float(getattr(self, "_prefill", (0, 0))[0]),
+            "prefilled_tokens": float(getattr(self, "_prefill", (0, 0))[1]),
         }
         keys = sorted(local)
         totals = self.accelerator.gather(torch.tensor([float(local[k]) for k in keys], device=self.accelerator.device))
@@ -634,6 +643,8 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         m["tokens/completion_per_step"].append(agg["completion_tokens"] / steps)
         for op in OPS:
             m[f"ops/{op}_per_step"].append(agg[f"op_{op}"] / steps)
+        if agg["prompt_tokens"]:
+            m["rollout/prefilled_per_prompt_token"].append(agg["prefilled_tokens"] / agg["prompt_tokens"])
 
 
 def build_trainer(config: GRPORecipeConfig, trainer_cls: type = StepwiseGRPOTrainer, **extra) -> StepwiseGRPOTrainer:

@@ -26,14 +26,16 @@ sampling log-probabilities when the backend returns them): these become the trai
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
+from ..inference.shared_prefix import shared_prefix_generation
 from ..policies.base import Policy
-from .seeded_sampling import mix
+from .seeded_sampling import mix, seeded_generation
 
 if TYPE_CHECKING:  # pragma: no cover
     from .grpo import StepwiseGRPOTrainer
@@ -77,6 +79,7 @@ class TrainerPolicy(Policy):
         self.rounds = 0  # rounds this rank took part in (equal on every rank: tests check it)
         self.generated_prompts = 0
         self.mismatched_completions = 0
+        self.prefill_stats: list[dict] = []  # per Hugging Face generate call: prompt vs prefilled tokens
 
     def start(self, key, task) -> None:
         self.steps[key] = []  # a retried attempt starts its steps again
@@ -86,13 +89,18 @@ class TrainerPolicy(Policy):
 
     # -- one round -------------------------------------------------------------------------------
     def _generate(self, prompt_ids: list[list[int]], row_seeds: list[int]):
+        """One call of TRL's generation path; Hugging Face ``generate`` gets per-row seeds (seeded_sampling)
+        and, off DeepSpeed/FSDP, the batch's common prompt prefix prefilled once (shared_prefix_generation:
+        in a first round all G episodes of a task read the same prompt)."""
         t = self.trainer
-        if getattr(t.args, "seeded_sampling", False) and not t.use_vllm and not t.use_transformers_continuous_batching:
-            from .seeded_sampling import seeded_generation
-
-            with seeded_generation(t, row_seeds):
-                return t._generate_single_turn(prompt_ids, None, {}, 1)
-        return t._generate_single_turn(prompt_ids, None, {}, 1)
+        with contextlib.ExitStack() as stack:
+            if not t.use_vllm and not t.use_transformers_continuous_batching:
+                if getattr(t.args, "seeded_sampling", False):
+                    stack.enter_context(seeded_generation(t, row_seeds))
+                if getattr(t.args, "shared_prefix_generation", False) and not generation_is_collective(t):
+                    model = t.accelerator.unwrap_model(t.model)
+                    stack.enter_context(shared_prefix_generation(model, self.prefill_stats))
+            return t._generate_single_turn(prompt_ids, None, {}, 1)
 
     def _throw_away_round(self) -> None:
         """Join a collective generation with one token of prompt and one generated token."""
