@@ -134,7 +134,9 @@ def test_two_gloo_processes_agree_with_one(stage, tiny, uneven_tasks, tmp_path):
     for s in h1:
         for k, v in h1[s].items():
             if (not isinstance(v, (int, float)) or k in ("step", "epoch") or "time" in k
-                    or "per_second" in k):
+                    or "per_second" in k or k.startswith("rollout/")):
+                # rollout/: generation cost (a rank prefills the prefix its own rows share, so 2 ranks
+                # prefill more than one process), not what was generated: the episodes match above
                 continue
             if k in EXACT or k.startswith("ops/") or k == "skipped_zero_advantage":
                 assert h2[s][k] == v, (s, k)

@@ -51,6 +51,14 @@ def test_mean_se_by_hand():
     assert s["se"] == pytest.approx((1 / 3) ** 0.5 / 2)  # sample variance 1/3, n = 4
 
 
+def test_informative_steps_are_those_whose_groups_scored_differently():
+    from atommem_rl.pipeline.report import informative_steps
+
+    rows = [{"step": 1, "reward": 0.5, "reward_std": 0.53}, {"step": 2, "reward": 0.0, "reward_std": 0.0},
+            {"step": 3, "reward": 1.0, "reward_std": 0.0}, {"step": 4, "reward": 0.1, "reward_std": 0.08}]
+    assert [r["step"] for r in informative_steps(rows)] == [1, 4]
+
+
 def test_verdict_two_standard_errors_either_way():
     from atommem_rl.pipeline.quickstart import verdict
 
@@ -137,7 +145,8 @@ def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
     assert {"sft - base", "grpo - sft", "grpo - base"} <= set(eps)
     assert markers["retrieval"]["result"]["strategies"][0]["questions"] > 0
     report = (out / "report.md").read_text()
-    for text in ("## Phases", "## Training", "checkpoint:grpo", "recall@10", "eval/viewer.html", "training_curves.png"):
+    for text in ("## Phases", "## Training", "checkpoint:grpo", "recall@10", "eval/viewer.html", "training_curves.png",
+                 "GRPO informative steps", "- sft - base: EM", "Beyond noise: more than 2 standard errors"):
         assert text in report, text
     assert (out / "training_curves.png").stat().st_size > 0
     top = json.loads((out / "metrics.json").read_text())

@@ -31,7 +31,6 @@ from its last checkpoint instead of starting over.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -74,7 +73,7 @@ class QuickstartConfig:
     sft_set: list[str] = field(default_factory=list)
     grpo_set: list[str] = field(default_factory=list)
     eval_set: list[str] = field(default_factory=list)
-    heldout_tasks: int = 3  # each costs ~40 s per evaluated checkpoint on 2 idle cores
+    heldout_tasks: int = 3  # each costs ~40 s per evaluated checkpoint on 2 idle cores; 32+ for a paired verdict
     heldout_seed: int = 1000
     methods: str = BASELINES
     checkpoints: str = ",".join(CHECKPOINTS)
@@ -267,7 +266,9 @@ class Quickstart:
         # the evaluated policies see the environment they were trained in
         base = {"chunk_tokens": env.get("chunk_tokens", 512), "max_prompt_tokens": env.get("max_prompt_tokens", 4096),
                 "embedder": env.get("embedder", "hashing"), "policy_max_new_tokens": grpo.max_completion_length,
-                "policy_env": {k: v for k, v in env.items() if k not in EVAL_ENV_KEYS}}
+                "policy_env": {k: v for k, v in env.items() if k not in EVAL_ENV_KEYS},
+                # all held-out episodes in one batch: one generate call per environment step (--eval-set wins)
+                "batch_size": min(self.cfg.heldout_tasks, 32)}
         import yaml
 
         # "4" -> 4, "none" stays a string: values typed as YAML scalars, then checked like a recipe

@@ -124,12 +124,9 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
 
     def __post_init__(self):
         if self.auto_bf16:
-            from .packing import autocast_dtype
+            from .packing import apply_auto_bf16
 
-            device = "cuda" if torch.cuda.is_available() and not self.use_cpu else "cpu"
-            self.bf16, self.fp16 = autocast_dtype(device) == torch.bfloat16, False
-            print(f"auto_bf16: {device} {'has' if self.bf16 else 'lacks'} native bf16, training in "
-                  f"{'bf16 autocast' if self.bf16 else 'fp32'} (bf16={self.bf16})", file=sys.stderr)
+            apply_auto_bf16(self)
         if self.output_dir is None:
             self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "grpo")
         TaskSource.__post_init__(self)

@@ -277,6 +277,17 @@ def cpu_bf16_supported() -> bool:
         return False
 
 
+def apply_auto_bf16(config) -> None:
+    """A recipe's ``auto_bf16``: bf16 autocast where the training device has native bf16, fp32 elsewhere
+    (sets ``bf16``, clears ``fp16``) and prints the choice, so the run's settings show it."""
+    import sys
+
+    device = "cuda" if torch.cuda.is_available() and not getattr(config, "use_cpu", False) else "cpu"
+    config.bf16, config.fp16 = autocast_dtype(device) == torch.bfloat16, False
+    print(f"auto_bf16: {device} {'has' if config.bf16 else 'lacks'} native bf16, training in "
+          f"{'bf16 autocast' if config.bf16 else 'fp32'} (bf16={config.bf16})", file=sys.stderr)
+
+
 def autocast_dtype(device: torch.device | str = "cpu") -> torch.dtype:
     """bf16 where the device has it (CUDA with bf16, a CPU with native bf16), else fp32."""
     dev = torch.device(device)

@@ -76,8 +76,15 @@ class SFTRecipeConfig(SFTConfig, ModelConfig, TaskSource):
     demo_min_reward: float | None = field(
         default=None, metadata={"help": "Keep an episode only if its terminal score reaches this (None: keep all)."})
     rollout_batch_size: int = field(default=8, metadata={"help": "Episodes run at once when generating."})
+    auto_bf16: bool = field(default=False, metadata={
+        "help": "Choose bf16 autocast where torch reports native bf16 (CUDA with bf16; a CPU with AVX512-BF16 or "
+                "AMX), fp32 elsewhere: sets bf16 (and fp16 false) and prints the choice."})
 
     def __post_init__(self):
+        if self.auto_bf16:
+            from .packing import apply_auto_bf16
+
+            apply_auto_bf16(self)
         if self.output_dir is None:
             self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "sft")
         if self.run_name is None:
