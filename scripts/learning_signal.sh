@@ -81,7 +81,7 @@ for skip in retrieval,eval retrieval; do
 done
 "$PY" - "$OUT" <<'EOF'
 import json, sys
-from atommem_rl.pipeline.quickstart import paired_summary
+from atommem_rl.pipeline.stats import paired_summary
 m = json.load(open(f"{sys.argv[1]}/metrics.json"))
 ep = m["phases"]["eval"]["result"]["episodes"]
 print(json.dumps({k: {"em": v["em"], "f1": v["f1"]} for k, v in ep.items()}, indent=1))

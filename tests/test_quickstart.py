@@ -44,7 +44,7 @@ def test_bad_overrides_fail_before_any_phase(tmp_path):
 
 
 def test_mean_se_by_hand():
-    from atommem_rl.pipeline.quickstart import mean_se
+    from atommem_rl.pipeline.stats import mean_se
 
     s = mean_se([0.0, 1.0, 1.0, 0.0])
     assert s["n"] == 4 and s["mean"] == 0.5
@@ -60,7 +60,7 @@ def test_informative_steps_are_those_whose_groups_scored_differently():
 
 
 def test_verdict_two_standard_errors_either_way():
-    from atommem_rl.pipeline.quickstart import verdict
+    from atommem_rl.pipeline.stats import verdict
 
     assert verdict({"mean": 0.07, "se": 0.03}) == "beyond noise"
     assert verdict({"mean": -0.086, "se": 0.033}) == "WORSE, beyond noise"

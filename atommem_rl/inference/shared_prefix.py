@@ -16,7 +16,8 @@ round (8 rows of 1.3K tokens: 27 s fp32, measured with SmolLM2-135M). vLLM share
      is called with that cache: it forwards only the B suffixes, then decodes as usual.
 
 The tokens are those of the ordinary left-padded call up to floating-point reassociation (batch-1 vs batch-B
-kernels): ``tests/test_inference.py`` checks every step's scores agree within 1e-4 on a real model. Below
+kernels): ``tests/test_shared_prefix.py`` checks every step's scores agree within 1e-4 (tiny Llama and Qwen3
+models; SmolLM2-135M measured in docs/BENCHMARKS.md). Below
 ``min_prefix`` shared tokens (or for one row) the plain call runs. Returned: what ``generate`` returns, of
 the same width, so callers cut completions at ``width`` as before; the prompt part of each row is in the
 shared layout (its padding in the middle), which callers that keep only the completion never see.
@@ -72,7 +73,6 @@ def generate_shared_prefix(model, input_ids, attention_mask, *, pad_token_id: in
     generate = generate or model.generate
     if pad_token_id is not None:
         generate_kwargs["pad_token_id"] = pad_token_id
-
     if "past_key_values" in generate_kwargs:
         raise ValueError("generate_shared_prefix builds the key/value cache itself; do not pass past_key_values")
     rows = strip_left_padding(input_ids, attention_mask)

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .phases import Phases
-from .stats import episode_stats, mean_se, paired_summary, verdict  # noqa: F401 - re-exported
+from .stats import episode_stats
 
 REPO = Path(__file__).resolve().parents[2]
 # overrides that set only how long a training run is and how often it saves (see Quickstart._folder_settings)

@@ -39,7 +39,8 @@ def plot_training(out: Path) -> str | None:
     from atommem_rl.eval.plots import _plt
 
     sft = [(r["step"], r["loss"]) for r in training_log(out / "sft") if "loss" in r]
-    grpo = [(r["step"], r["reward"]) for r in training_log(out / "grpo") if "reward" in r]
+    rows = [r for r in training_log(out / "grpo") if "reward" in r]
+    grpo = [(r["step"], r["reward"]) for r in rows]
     if not sft and not grpo:
         return None
     plt = _plt()
@@ -47,8 +48,7 @@ def plot_training(out: Path) -> str | None:
     axes[0].plot([s for s, _ in sft], [v for _, v in sft], marker=".")
     axes[0].set_title("SFT: loss per step")
     axes[1].plot([s for s, _ in grpo], [v for _, v in grpo], marker=".", color="C1", label="all steps")
-    info = [(r["step"], r["reward"]) for r in informative_steps(
-        [r for r in training_log(out / "grpo") if "reward" in r])]
+    info = [(r["step"], r["reward"]) for r in informative_steps(rows)]
     if info:
         axes[1].plot([s for s, _ in info], [v for _, v in info], "o", color="C1", mfc="none",
                      label="informative (groups differ)")
