@@ -107,3 +107,37 @@ def test_grpo_loads_a_bf16_checkpoint_in_fp32(tmp_path):
     AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).save_pretrained(path)
     trainer = build_trainer(small_config(path, tmp_path / "out", synth_tasks=1, dtype="bfloat16"))
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+
+
+def test_generation_autocast_wraps_generate_once_in_bf16(tmp_path):
+    """bf16 through accelerate's autocast: one outer context around generate (weights cast once per call,
+    not per step), the same tokens and scores as without it; fp32 and sharded runs get none."""
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate.utils import DistributedType
+    from transformers import AutoModelForCausalLM
+
+    from atommem_rl.models import tiny_model
+    from atommem_rl.training.rounds import generation_autocast
+
+    def trainer(precision, kind=DistributedType.NO):
+        acc = SimpleNamespace(mixed_precision=precision, device=torch.device("cpu"), distributed_type=kind)
+        return SimpleNamespace(accelerator=acc, use_vllm=False)
+
+    with generation_autocast(trainer("bf16")):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    for t in (trainer("no"), trainer("bf16", DistributedType.FSDP), trainer("bf16", DistributedType.DEEPSPEED)):
+        with generation_autocast(t):
+            assert not torch.is_autocast_enabled("cpu")
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model(tmp_path / "m"), dtype=torch.float32).eval()
+    model.forward = torch.autocast("cpu", dtype=torch.bfloat16)(model.forward)  # as accelerate wraps it
+    ids = torch.randint(10, 1000, (3, 20), generator=torch.Generator().manual_seed(0))
+    kw = dict(max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        plain = model.generate(input_ids=ids, **kw)
+        with generation_autocast(trainer("bf16")):
+            outer = model.generate(input_ids=ids, **kw)
+    assert torch.equal(plain.sequences, outer.sequences)
+    assert torch.equal(torch.stack(plain.scores), torch.stack(outer.scores))

@@ -1,4 +1,4 @@
-"""``atommem bench memory|retrieval|env|rollout|extractor|update``: measured figures as JSON on stdout.
+"""``atommem bench memory|retrieval|env|rollout|extractor|update|decode``: measured figures as JSON on stdout.
 
 Each benchmark lives in ``atommem_rl/bench/<name>.py`` with ``add_arguments(parser)`` and
 ``main(args)``; the module is imported only when its benchmark runs.
@@ -16,6 +16,7 @@ BENCHMARKS = {
     "rollout": "rollout throughput: Hugging Face generate against vLLM",
     "extractor": "fact-level precision/recall of an atomic fact extractor on held-out synthetic dialogues",
     "update": "GRPO policy update on real step samples: padded rows against prefix-shared packed rows",
+    "decode": "Hugging Face decode step: sdpa attention against sdpa_grouped (no key/value copies)",
 }
 
 

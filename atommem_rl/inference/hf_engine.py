@@ -11,12 +11,15 @@ else the tokenizer's), or with ``stop_at_special_tokens`` any special token of t
 evaluation's readers: a reply ends where the model starts another turn).
 
 The batch's common prompt prefix (the system prompt at least) is prefilled once
-(:mod:`~atommem_rl.inference.shared_prefix`); the rest of the call is ``generate``'s own.
+(:mod:`~atommem_rl.inference.shared_prefix`), and a model on ``sdpa`` attention decodes with
+``sdpa_grouped`` (:mod:`~atommem_rl.inference.grouped_attention`: no copies of the key/value cache per
+step); the rest of the call is ``generate``'s own.
 """
 
 from __future__ import annotations
 
 from .generation import Completion, cut_at_stop
+from .grouped_attention import use_grouped_attention
 from .shared_prefix import generate_shared_prefix
 
 
@@ -25,6 +28,7 @@ class HFEngine:
 
     def __init__(self, model, tokenizer, *, stop_at_special_tokens: bool = False):
         model.eval()
+        use_grouped_attention(model)
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token

@@ -15,6 +15,10 @@ round (8 rows of 1.3K tokens: 27 s fp32, measured with SmolLM2-135M). vLLM share
      position ids (``generate`` derives them from the mask) and the cached keys line up, and ``generate``
      is called with that cache: it forwards only the B suffixes, then decodes as usual.
 
+The key/value cache is a :class:`~atommem_rl.inference.buffered_cache.BufferedCache` (models whose layers all
+use full attention): decode steps write into a buffer with room for ``max_new_tokens`` instead of
+concatenating onto the whole cache every step; the plain call below gets one too.
+
 The tokens are those of the ordinary left-padded call up to floating-point reassociation (batch-1 vs batch-B
 kernels): ``tests/test_shared_prefix.py`` checks every step's scores agree within 1e-4 (tiny Llama and Qwen3
 models; SmolLM2-135M measured in docs/BENCHMARKS.md). Below
@@ -59,9 +63,20 @@ def shared_prefix_layout(rows: list[list[int]], prefix: int, pad_id: int):
     return ids, mask
 
 
+def new_tokens_of(model, generate_kwargs: dict) -> int:
+    """The ``max_new_tokens`` a ``generate`` call will use: its keyword, its ``generation_config``'s, the
+    model's, else :data:`~atommem_rl.inference.buffered_cache.DEFAULT_RESERVE`."""
+    from .buffered_cache import DEFAULT_RESERVE
+    for source in (generate_kwargs, generate_kwargs.get("generation_config"), getattr(model, "generation_config", None)):
+        value = source.get("max_new_tokens") if isinstance(source, dict) else getattr(source, "max_new_tokens", None)
+        if value:
+            return int(value)
+    return DEFAULT_RESERVE
+
+
 def generate_shared_prefix(model, input_ids, attention_mask, *, pad_token_id: int | None = None,
                            min_prefix: int = MIN_PREFIX, stats: dict | None = None, generate=None,
-                           **generate_kwargs: Any):
+                           buffered_cache: bool = True, **generate_kwargs: Any):
     """``model.generate(input_ids, attention_mask, **generate_kwargs)`` for a left-padded batch, with the
     batch's common prefix prefilled once (module docstring). ``generate``: the generate function to call
     (default ``model.generate``; :func:`shared_prefix_generation` passes the class's own, which it shadows).
@@ -78,16 +93,24 @@ def generate_shared_prefix(model, input_ids, attention_mask, *, pad_token_id: in
     rows = strip_left_padding(input_ids, attention_mask)
     total = sum(len(r) for r in rows)
     prefix = min(common_prefix_length(rows), min(len(r) for r in rows) - 1) if rows else 0
+    cache = None
+    if buffered_cache and generate_kwargs.get("use_cache", True):
+        from .buffered_cache import cache_for  # transformers is imported only where generation runs
+
+        cache = cache_for(model, new_tokens_of(model, generate_kwargs))
     if len(rows) < 2 or prefix < min_prefix:
         if stats is not None:
             stats.update(prompt_tokens=total, shared_tokens=0, forwarded_prompt_tokens=input_ids.numel())
+        if cache is not None:
+            generate_kwargs["past_key_values"] = cache
         return generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
     ids, mask = shared_prefix_layout(rows, prefix, 0 if pad_token_id is None else pad_token_id)
     device = input_ids.device
     ids = torch.tensor(ids, dtype=input_ids.dtype, device=device)
     mask = torch.tensor(mask, dtype=attention_mask.dtype, device=device)
     with torch.no_grad():
-        out = model.get_decoder()(input_ids=ids[:1, :prefix], attention_mask=mask[:1, :prefix], use_cache=True)
+        out = model.get_decoder()(input_ids=ids[:1, :prefix], attention_mask=mask[:1, :prefix], use_cache=True,
+                                  past_key_values=cache)
     cache = out.past_key_values
     cache.batch_repeat_interleave(len(rows))
     if stats is not None:

@@ -89,6 +89,10 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
         "help": "Hugging Face generate (one process or DDP): prefill the common prompt prefix of a round's rows "
                 "once (inference/shared_prefix.py; in a first round all G episodes of a task read the same "
                 "prompt), the same tokens up to float rounding. False: generate's left-padded prefill of every row."})
+    grouped_attention: bool = field(default=True, metadata={
+        "help": "A policy on sdpa attention decodes (and scores without gradients) with sdpa_grouped "
+                "(inference/grouped_attention.py): the query heads of a key/value head folded together instead "
+                "of the key/value cache copied per head every step, the same results. False: sdpa's own."})
     skip_zero_advantage: bool = field(default=True, metadata={
         "help": "Beta 0: a micro-batch whose advantages are all 0 (every episode of its groups scored the same) "
                 "skips the policy forward/backward and gets exact zero gradients instead (one process or DDP, "
@@ -268,6 +272,10 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             keep_vllm_cpu_weights_loadable()  # before TRL builds the engine; see its docstring
         refuse_unsupported(cfg, kwargs.get("peft_config"))
         super().__init__(*args, **kwargs)
+        if self.args.grouped_attention:  # before any packed update wraps the model's attention as its own
+            from atommem_rl.inference.grouped_attention import use_grouped_attention
+
+            use_grouped_attention(self.accelerator.unwrap_model(self.model))
         self.env_config = dict(env_config or {})
         self.rollout_batch_size = rollout_batch_size
         refuse_unsupported_packing(self)
