@@ -74,8 +74,11 @@ done
 # training, then the evaluation in a fresh process. vLLM on CPU sizes its KV cache as the utilization share
 # of host memory minus what this process already holds: after SFT (or a colocated engine) in the same
 # process, 0.15 left a negative KV budget ("Available memory ... less than requested memory for kv")
+# EVAL_AUTOCAST (default off): BACKEND=hf's held-out generation in fp32 as in the recorded runs; auto is the
+# quickstart's default (bf16 autocast where the CPU has it); vLLM ignores it
 for skip in retrieval,eval retrieval; do
   "$PY" -m atommem_rl.cli quickstart --backend "$BACKEND" --out "$OUT" --skip $skip --methods oracle,heuristic \
+    --eval-autocast "${EVAL_AUTOCAST:-off}" \
     --checkpoints sft,grpo --heldout-tasks ${HELDOUT:-128} --heldout-seed 5000 "${sets[@]}" "$@" >> "$OUT.log" 2>&1 \
     || { tail -30 "$OUT.log"; exit 1; }
 done

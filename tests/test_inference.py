@@ -63,6 +63,39 @@ def test_hf_engine_counts_up_to_the_end_token_and_cuts_long_prompts(tiny):
     assert short <= 26 and usage["cut_prompts"] == 1 and usage["prompt_tokens"] == 26 + short
 
 
+def test_hf_engine_autocast_runs_generate_in_bf16_and_auto_follows_the_device(tiny):
+    """``autocast="bf16"``: every forward of the call runs under bf16 autocast with the fp32 weights kept (the
+    numerics of a bf16 GRPO rollout), and the tokens are those of generate called inside the same context;
+    ``"off"`` runs none; ``"auto"`` resolves to bf16 exactly where the CPU multiplies bf16 natively; a typo
+    is refused."""
+    import torch
+
+    from atommem_rl.inference.chat_backends import make_backend
+    from atommem_rl.inference.generation import encode_chat
+    from atommem_rl.inference.hf_engine import HFEngine
+    from atommem_rl.models import load_policy
+    from atommem_rl.precision import cpu_bf16_supported
+
+    model, tok = load_policy(tiny, dtype="float32")
+    seen = []
+    model.register_forward_pre_hook(lambda mod, args: seen.append(torch.is_autocast_enabled("cpu")))
+    ids = [encode_chat(tok, c)[0] for c in CHATS]
+    cast = HFEngine(model, tok, autocast="bf16").generate(ids, 5)
+    assert seen and all(seen) and {p.dtype for p in model.parameters()} == {torch.float32}
+    seen.clear()
+    plain = HFEngine(model, tok, autocast="off").generate(ids, 5)
+    assert seen and not any(seen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        inside = HFEngine(model, tok, autocast="off").generate(ids, 5)
+    assert [c.token_ids for c in cast] == [c.token_ids for c in inside]
+    assert len(plain) == len(cast)
+
+    assert HFEngine(model, tok, autocast="auto").autocast == ("bf16" if cpu_bf16_supported() else "off")
+    assert make_backend("hf", str(tiny), autocast="auto").engine.autocast == ("bf16" if cpu_bf16_supported() else "off")
+    with pytest.raises(ValueError, match="autocast must be one of"):
+        HFEngine(model, tok, autocast="fp8")
+
+
 def test_endpoint_engine_counts_with_the_tokenizer_when_usage_is_missing():
     from atommem_rl.inference.endpoint_engine import EndpointEngine
     from atommem_rl.inference.generation import render_chat

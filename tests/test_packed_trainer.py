@@ -186,7 +186,7 @@ def test_packed_training_step_moves_weights_as_rows_do(tiny, tmp_path, monkeypat
 
 
 def test_auto_bf16_follows_the_cpu(tmp_path):
-    from atommem_rl.training.packing import cpu_bf16_supported
+    from atommem_rl.precision import cpu_bf16_supported
 
     cfg = GRPORecipeConfig(output_dir=str(tmp_path / "x"), report_to="none", use_cpu=True, auto_bf16=True, bf16=False)
     assert cfg.bf16 == cpu_bf16_supported() and not cfg.fp16

@@ -31,6 +31,8 @@ def test_config_rejects_bad_values():
         QuickstartConfig(skip=["sft"])
     with pytest.raises(ValueError, match="heldout_tasks"):
         QuickstartConfig(heldout_tasks=0)
+    with pytest.raises(ValueError, match="eval_autocast"):
+        QuickstartConfig(eval_autocast="fp16")
 
 
 def test_bad_overrides_fail_before_any_phase(tmp_path):

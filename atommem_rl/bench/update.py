@@ -257,7 +257,8 @@ def main(args) -> int:
     from trl.trainer.utils import add_fused_lm_head
 
     from atommem_rl.models import check_checkpoint, tiny_model
-    from atommem_rl.training.packing import cpu_bf16_supported, step_group_ids
+    from atommem_rl.precision import cpu_bf16_supported
+    from atommem_rl.training.packing import step_group_ids
     from atommem_rl.training.tree_attention import tree_attention_name
 
     if min(args.episodes, args.repeats, args.max_new_tokens, args.docs) < 1 or args.baseline_rows < 0:

@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="tasks per file (the first N)")
     p.add_argument("--max-blocks", type=positive_int, default=None, help="keep the first N blocks of each task and the "
                    "questions answerable from them (same subset for every method; recorded)")
+    p.add_argument("--autocast", choices=("off", "auto", "bf16"), default="off",
+                   help="--backend hf: generate in bf16 autocast (auto: where the device multiplies bf16 natively; "
+                        "the numerics of a bf16 GRPO rollout); off (default): the weights' dtype as loaded")
     p.add_argument("--gen-batch-size", type=positive_int, default=8, help="prompts per Hugging Face generate call")
     p.add_argument("--resume", action="store_true", help="continue a killed run in --out: skip the (method, "
                    "dataset) pairs its records.partial.jsonl holds (same settings, tasks and models only)")
@@ -113,7 +116,8 @@ def main(args) -> int:
         check(c)
         name = f"checkpoint:{names[c]}"
         ckpts[name] = (lambda c=c: make_backend(args.backend, c, base_url=args.base_url, model_name=args.model_name,
-                                                batch_size=args.gen_batch_size, context_window=args.context_tokens))
+                                                batch_size=args.gen_batch_size, context_window=args.context_tokens,
+                                                autocast=args.autocast))
         if name not in methods:
             methods.append(name)
     bad = [m for m in methods if m not in ALL_METHODS and m not in ckpts]
@@ -130,12 +134,13 @@ def main(args) -> int:
         check(args.extractor_model)
     extractor = None if not args.extractor_model else (lambda: make_backend(
         args.backend, args.extractor_model, base_url=args.base_url, model_name=args.extractor_model,
-        batch_size=args.gen_batch_size, context_window=args.context_tokens))
+        batch_size=args.gen_batch_size, context_window=args.context_tokens, autocast=args.autocast))
     factory = lambda: make_backend(args.backend, args.model, base_url=args.base_url, model_name=args.model_name,  # noqa: E731
-                                   batch_size=args.gen_batch_size, context_window=args.context_tokens)
+                                   batch_size=args.gen_batch_size, context_window=args.context_tokens,
+                                   autocast=args.autocast)
     extra = {"task_files": files, "limit": args.limit, "max_blocks": args.max_blocks, "backend": args.backend,
              "model": args.model or "checkpoints/base/smollm2-135m-instruct", "checkpoints": args.checkpoint,
-             "gen_batch_size": args.gen_batch_size, "extractor_model": args.extractor_model, "trains": False}
+             "gen_batch_size": args.gen_batch_size, "autocast": args.autocast, "extractor_model": args.extractor_model, "trains": False}
     metrics = evaluate(datasets, methods, args.out, settings=settings, backend_factory=factory, checkpoints=ckpts,
                        run_logs=args.run_logs, extra_settings=extra, extractor=extractor, resume=args.resume)
     summary = {m: {d: {"em": r["em"], "f1": r["f1"], "tokens_per_task": r["tokens_per_task"]} for d, r in by.items()}

@@ -47,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default=d.backend, choices=("hf", "vllm"),
                    help="generation backend of the evaluated models (default hf; vllm: scripts/setup_vllm.sh, run "
                         "with .venv-vllm/bin/python -m atommem_rl.cli; about 8x faster rollouts on this CPU, docs/BENCHMARKS.md)")
+    p.add_argument("--eval-autocast", default=d.eval_autocast, choices=("auto", "bf16", "off"),
+                   help="hf backend: evaluated models generate in bf16 autocast where the device multiplies bf16 "
+                        "natively, as GRPO rollouts do (default auto); off: fp32 weights as loaded")
     p.add_argument("--skip", default="", help="comma-separated optional phases to leave out: retrieval, eval")
     p.set_defaults(func=main)
 
@@ -61,7 +64,8 @@ def main(args: argparse.Namespace) -> int:
         heldout_tasks=args.heldout_tasks, heldout_seed=args.heldout_seed, methods=args.methods, checkpoints=args.checkpoints,
         locomo=args.locomo,
         conversations=args.conversations, k=args.k, embedder=args.embedder,
-        skip=[s.strip() for s in args.skip.split(",") if s.strip()], backend=args.backend)
+        skip=[s.strip() for s in args.skip.split(",") if s.strip()], backend=args.backend,
+        eval_autocast=args.eval_autocast)
     report = Quickstart(cfg).run()
     print(report.read_text())
     print(f"report: {report}")

@@ -121,12 +121,13 @@ class Backend:
 
 class HFBackend(Backend):
     """Hugging Face ``generate`` (CPU or GPU), greedy, ``batch_size`` requests per forward
-    (:class:`~atommem_rl.inference.hf_engine.HFEngine`; a reply ends at any special token)."""
+    (:class:`~atommem_rl.inference.hf_engine.HFEngine`; a reply ends at any special token; ``autocast``:
+    off, auto or bf16, as the engine's)."""
 
     name = "hf"
 
     def __init__(self, model: Any = None, tokenizer: Any = None, *, batch_size: int = 8,
-                 context_window: int | None = None, dtype: str | None = None):
+                 context_window: int | None = None, dtype: str | None = None, autocast: str = "off"):
         if model is None or isinstance(model, (str, os.PathLike)):
             from atommem_rl.models import BASE_MODEL_DIR, load_policy, prepare_base_model
 
@@ -137,7 +138,7 @@ class HFBackend(Backend):
             name = str(path)
         else:
             name = getattr(model.config, "_name_or_path", "model") or "model"
-        self.engine = HFEngine(model, tokenizer, stop_at_special_tokens=True)
+        self.engine = HFEngine(model, tokenizer, stop_at_special_tokens=True, autocast=autocast)
         window = context_window or getattr(model.config, "max_position_embeddings", None) or 2048
         super().__init__(name, tokenizer, window)
         self.model = model
@@ -237,9 +238,11 @@ class RoutedBackend(Backend):
 
 def make_backend(kind: str = "hf", model: Any = None, *, base_url: str | None = None,
                  model_name: str | None = None, tokenizer: str | None = None, batch_size: int = 8,
-                 context_window: int | None = None) -> Backend:
+                 context_window: int | None = None, autocast: str = "off") -> Backend:
+    """A chat backend; ``autocast`` (off, auto, bf16) applies to Hugging Face generation only (vLLM and
+    endpoints choose their own dtype)."""
     if kind == "hf":
-        return HFBackend(model, batch_size=batch_size, context_window=context_window)
+        return HFBackend(model, batch_size=batch_size, context_window=context_window, autocast=autocast)
     if kind == "vllm":
         return VLLMBackend(model, context_window=context_window)
     if kind == "openai":

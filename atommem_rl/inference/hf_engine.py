@@ -14,9 +14,16 @@ The batch's common prompt prefix (the system prompt at least) is prefilled once
 (:mod:`~atommem_rl.inference.shared_prefix`), and a model on ``sdpa`` attention decodes with
 ``sdpa_grouped`` (:mod:`~atommem_rl.inference.grouped_attention`: no copies of the key/value cache per
 step); the rest of the call is ``generate``'s own.
+
+``autocast``: ``"off"`` computes in the weights' dtype; ``"bf16"`` wraps each ``generate`` call in one bf16
+autocast context (fp32 weights cast once per call, softmax and norms kept in fp32: the numerics of a GRPO
+rollout under ``bf16: true``); ``"auto"`` is ``"bf16"`` where the device multiplies bf16 natively
+(:func:`~atommem_rl.precision.autocast_dtype`), else ``"off"``.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from .generation import Completion, cut_at_stop
 from .grouped_attention import use_grouped_attention
@@ -26,7 +33,11 @@ from .shared_prefix import generate_shared_prefix
 class HFEngine:
     name = "hf"
 
-    def __init__(self, model, tokenizer, *, stop_at_special_tokens: bool = False):
+    AUTOCAST = ("off", "auto", "bf16")
+
+    def __init__(self, model, tokenizer, *, stop_at_special_tokens: bool = False, autocast: str = "off"):
+        if autocast not in self.AUTOCAST:
+            raise ValueError(f"autocast must be one of {', '.join(self.AUTOCAST)}, got {autocast!r}")
         model.eval()
         use_grouped_attention(model)
         tokenizer.padding_side = "left"
@@ -34,6 +45,13 @@ class HFEngine:
             tokenizer.pad_token = tokenizer.eos_token
         self.model, self.tokenizer = model, tokenizer
         self.device = next(model.parameters()).device
+        if autocast == "auto":
+            import torch
+
+            from atommem_rl.precision import autocast_dtype
+
+            autocast = "bf16" if autocast_dtype(self.device) == torch.bfloat16 else "off"
+        self.autocast = autocast  # what it resolved to
         eos = model.generation_config.eos_token_id
         self.eos_token_id = eos if eos is not None else tokenizer.eos_token_id  # what generate stops on
         if stop_at_special_tokens:
@@ -63,7 +81,7 @@ class HFEngine:
                                      device=self.device)
             mask = torch.tensor([[0] * (width - len(prompt_ids[i])) + [1] * len(prompt_ids[i]) for i in part],
                                 device=self.device)
-            with torch.no_grad():
+            with torch.no_grad(), self._autocast():
                 gen = generate_shared_prefix(self.model, input_ids, mask, pad_token_id=pad,
                                              max_new_tokens=max(limits[i] for i in part),
                                              eos_token_id=self.eos_token_id, **sampling)
@@ -71,6 +89,13 @@ class HFEngine:
                 kept = cut_at_stop(row[: limits[i]], self.stops)
                 out[i] = Completion(tok.decode(kept, skip_special_tokens=True), len(prompt_ids[i]), len(kept), kept)
         return out  # type: ignore[return-value]
+
+    def _autocast(self):
+        import torch
+
+        if self.autocast == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         pass

@@ -85,6 +85,9 @@ class QuickstartConfig:
     embedder: str = "minilm"
     skip: list[str] = field(default_factory=list)
     backend: str = "hf"  # generation backend of the evaluated models: hf or vllm (where installed)
+    # hf backend: evaluated models generate in bf16 autocast where the CPU/GPU multiplies bf16 natively, as the
+    # GRPO rollouts do (auto); off: the weights' own dtype (fp32), bf16: always
+    eval_autocast: str = "auto"
 
     def __post_init__(self):
         if self.heldout_tasks < 1:
@@ -94,6 +97,8 @@ class QuickstartConfig:
             raise ValueError(f"checkpoints must be a non-empty subset of {','.join(CHECKPOINTS)}, got {self.checkpoints!r}")
         if self.backend not in ("hf", "vllm"):
             raise ValueError(f"backend must be hf or vllm, got {self.backend!r}")
+        if self.eval_autocast not in ("auto", "bf16", "off"):
+            raise ValueError(f"eval_autocast must be auto, bf16 or off, got {self.eval_autocast!r}")
         bad = set(self.skip) - {"retrieval", "eval"}
         if bad:
             raise ValueError(f"only the retrieval and eval phases can be skipped, got {sorted(bad)}")
@@ -292,8 +297,9 @@ class Quickstart:
         baselines = [m.strip() for m in self.cfg.methods.split(",") if m.strip()]
         folders = {"base": self.base, "sft": self.out / "sft", "grpo": self.out / "grpo"}
         folders = {n: p for n, p in folders.items() if n in self.cfg.checkpoints.split(",")}
-        kind = self.cfg.backend
-        ckpts = {f"checkpoint:{n}": (lambda p=p: make_backend(kind, str(p), batch_size=settings.batch_size))
+        kind, autocast = self.cfg.backend, self.cfg.eval_autocast
+        ckpts = {f"checkpoint:{n}": (lambda p=p: make_backend(kind, str(p), batch_size=settings.batch_size,
+                                                              autocast=autocast))
                  for n, p in folders.items()}
         methods = baselines + list(ckpts)
         datasets = {"synthetic": load_dataset(self.data / "heldout.jsonl")}
@@ -305,10 +311,12 @@ class Quickstart:
             bar.update(1)
 
         extra = {"task_files": {"synthetic": str(self.data / "heldout.jsonl")}, "backend": kind,
-                 "model": str(self.base), "checkpoints": {k: str(v) for k, v in folders.items()}, "trains": False}
+                 "model": str(self.base), "checkpoints": {k: str(v) for k, v in folders.items()}, "trains": False,
+                 "autocast": autocast}
         try:
             metrics = evaluate(datasets, methods, self.out / "eval", settings=settings,
-                               backend_factory=lambda: make_backend(kind, str(self.base), batch_size=settings.batch_size),
+                               backend_factory=lambda: make_backend(kind, str(self.base), batch_size=settings.batch_size,
+                                                                    autocast=autocast),
                                checkpoints=ckpts, run_logs=str(self.out / "grpo"), extra_settings=extra, log=log)
         finally:
             bar.close()
@@ -363,7 +371,8 @@ class Quickstart:
             # a non-default checkpoint list joins the key only when set, so runs made before the option resume
             chosen = {} if c.checkpoints == ",".join(CHECKPOINTS) else {"checkpoints": c.checkpoints}
             chosen.update({} if c.backend == "hf" else {"backend": c.backend})
-            P.run("eval", {"methods": c.methods, "eval_set": c.eval_set, **chosen}, self.phase_eval,
+            P.run("eval", {"methods": c.methods, "eval_set": c.eval_set, "autocast": c.eval_autocast, **chosen},
+                  self.phase_eval,
                   deps=("model", "data", "sft", "grpo"), title="evaluation: base, SFT, GRPO vs baselines",
                   outputs=lambda: [self.out / "eval" / "metrics.json"])
         if "retrieval" not in c.skip:

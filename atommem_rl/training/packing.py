@@ -54,6 +54,8 @@ import torch
 from trl.experimental.async_grpo.packing import TreeRow
 from trl.kernels import ChunkedLogProbFunction
 
+from atommem_rl.precision import autocast_dtype
+
 from .tree_attention import TREE_KWARGS, tree_attention_name, use_tree_attention
 
 # TRL's vocabulary tile for the chunked log-probabilities (trl.trainer.utils)
@@ -265,18 +267,6 @@ def grpo_loss(logps: torch.Tensor, inputs: dict[str, Any], sample_weights: torch
 # --------------------------------------------------------------------------- dtype
 
 
-def cpu_bf16_supported() -> bool:
-    """Whether this CPU runs bf16 matrix multiplies natively (AVX512-BF16 or AMX). oneDNN's own flag is
-    the fallback on a torch without these probes; it is also true on AVX512 cores that only emulate bf16."""
-    probes = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    if any(p is not None for p in probes):
-        return any(p() for p in probes if p is not None)
-    try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def apply_auto_bf16(config) -> None:
     """A recipe's ``auto_bf16``: bf16 autocast where the training device has native bf16, fp32 elsewhere
     (sets ``bf16``, clears ``fp16``) and prints the choice, so the run's settings show it."""
@@ -286,11 +276,3 @@ def apply_auto_bf16(config) -> None:
     config.bf16, config.fp16 = autocast_dtype(device) == torch.bfloat16, False
     print(f"auto_bf16: {device} {'has' if config.bf16 else 'lacks'} native bf16, training in "
           f"{'bf16 autocast' if config.bf16 else 'fp32'} (bf16={config.bf16})", file=sys.stderr)
-
-
-def autocast_dtype(device: torch.device | str = "cpu") -> torch.dtype:
-    """bf16 where the device has it (CUDA with bf16, a CPU with native bf16), else fp32."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    return torch.bfloat16 if cpu_bf16_supported() else torch.float32
