@@ -22,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+from ..inference.hf_engine import AUTOCAST_MODES
 from . import output_dir, positive_int
 
 
@@ -46,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="tasks per file (the first N)")
     p.add_argument("--max-blocks", type=positive_int, default=None, help="keep the first N blocks of each task and the "
                    "questions answerable from them (same subset for every method; recorded)")
-    p.add_argument("--autocast", choices=("off", "auto", "bf16"), default="off",
+    p.add_argument("--autocast", choices=AUTOCAST_MODES, default="off",
                    help="--backend hf: generate in bf16 autocast (auto: where the device multiplies bf16 natively; "
                         "the numerics of a bf16 GRPO rollout); off (default): the weights' dtype as loaded")
     p.add_argument("--gen-batch-size", type=positive_int, default=8, help="prompts per Hugging Face generate call")

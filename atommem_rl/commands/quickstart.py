@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..inference.hf_engine import AUTOCAST_MODES
 from ..pipeline.quickstart import BASELINES, QuickstartConfig
 from . import at_most, output_dir, seed_int
 
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--backend", default=d.backend, choices=("hf", "vllm"),
                    help="generation backend of the evaluated models (default hf; vllm: scripts/setup_vllm.sh, run "
                         "with .venv-vllm/bin/python -m atommem_rl.cli; about 8x faster rollouts on this CPU, docs/BENCHMARKS.md)")
-    p.add_argument("--eval-autocast", default=d.eval_autocast, choices=("auto", "bf16", "off"),
+    p.add_argument("--eval-autocast", default=d.eval_autocast, choices=AUTOCAST_MODES,
                    help="hf backend: evaluated models generate in bf16 autocast where the device multiplies bf16 "
                         "natively, as GRPO rollouts do (default auto); off: fp32 weights as loaded")
     p.add_argument("--skip", default="", help="comma-separated optional phases to leave out: retrieval, eval")

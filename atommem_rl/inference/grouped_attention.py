@@ -22,7 +22,7 @@ Where folding does not apply the function is ``sdpa`` itself: no grouping (G = 1
 with its own per-head values, dropout, position biases or a paged cache, and any call with gradients on
 (training forwards: their speed folded was not measured, so they stay exactly what they were).
 ``tests/test_grouped_attention.py`` checks the logits and generated tokens against ``sdpa`` on tiny Llama
-and Qwen3 models with padding; ``scripts/bench_decode.py`` measures the decode step.
+and Qwen3 models with padding; ``atommem bench decode`` measures the decode step.
 """
 
 from __future__ import annotations

@@ -29,15 +29,15 @@ from .generation import Completion, cut_at_stop
 from .grouped_attention import use_grouped_attention
 from .shared_prefix import generate_shared_prefix
 
+AUTOCAST_MODES = ("off", "auto", "bf16")  # the ``autocast`` values (module docstring); CLIs offer the same
+
 
 class HFEngine:
     name = "hf"
 
-    AUTOCAST = ("off", "auto", "bf16")
-
     def __init__(self, model, tokenizer, *, stop_at_special_tokens: bool = False, autocast: str = "off"):
-        if autocast not in self.AUTOCAST:
-            raise ValueError(f"autocast must be one of {', '.join(self.AUTOCAST)}, got {autocast!r}")
+        if autocast not in AUTOCAST_MODES:
+            raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_MODES)}, got {autocast!r}")
         model.eval()
         use_grouped_attention(model)
         tokenizer.padding_side = "left"

@@ -36,6 +36,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..inference.hf_engine import AUTOCAST_MODES
 from .phases import Phases
 from .stats import episode_stats
 
@@ -97,8 +98,8 @@ class QuickstartConfig:
             raise ValueError(f"checkpoints must be a non-empty subset of {','.join(CHECKPOINTS)}, got {self.checkpoints!r}")
         if self.backend not in ("hf", "vllm"):
             raise ValueError(f"backend must be hf or vllm, got {self.backend!r}")
-        if self.eval_autocast not in ("auto", "bf16", "off"):
-            raise ValueError(f"eval_autocast must be auto, bf16 or off, got {self.eval_autocast!r}")
+        if self.eval_autocast not in AUTOCAST_MODES:
+            raise ValueError(f"eval_autocast must be one of {', '.join(AUTOCAST_MODES)}, got {self.eval_autocast!r}")
         bad = set(self.skip) - {"retrieval", "eval"}
         if bad:
             raise ValueError(f"only the retrieval and eval phases can be skipped, got {sorted(bad)}")
