@@ -10,9 +10,13 @@
 #
 #   bash scripts/full_setting_probe.sh [OUT] [extra `atommem quickstart` flags]    # default OUT checkpoints/full_setting
 #
-# The oracle's chunk-step demonstrations here are 101-339 tokens (create, label_relation, read, scratchpad;
-# measured on 16 tasks), hence max_completion_length 352 (the quickstart's 224 would cut them). It is the
-# quickstart pipeline, so a rerun with the same arguments resumes.
+# SUPERSEDE (default update) is how the oracle's demonstrations keep a fact that replaces an older one:
+# update = rewrite the shown outdated memory (update_memory) and delete its shown duplicates
+# (delete_memory), falling back to store-and-label when it is not shown, so SFT sees every tool; label =
+# store the new fact and label conflict(new, old), ROAM's way (the first recorded probe: no checkpoint ever
+# called update or delete). The chunk-step demonstrations are up to 350 tokens (update) or 415 (label) on
+# 32 tasks, hence max_completion_length 352 (the quickstart's 224 would cut them). It is the quickstart
+# pipeline, so a rerun with the same arguments resumes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-checkpoints/full_setting}
@@ -21,10 +25,19 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ANONYMIZED_TELEMETRY=False WANDB_
 ENV='{"chunk_tokens": 128, "max_prompt_tokens": 3072, "embedder": "hashing", "max_answer_steps": 1}'
 TASKS=(synth_docs=4 synth_questions=2 synth_confounders=2)
 sets=()
-for kv in "${TASKS[@]}" "env_config=$ENV" synth_tasks=16 max_steps=${SFT_STEPS:-48} save_steps=16 max_length=4096; do
+DEMO="{\"supersede\": \"${SUPERSEDE:-update}\"}"
+for kv in "${TASKS[@]}" "env_config=$ENV" "demo_policy_kwargs=$DEMO" synth_tasks=16 max_steps=${SFT_STEPS:-48} save_steps=16 max_length=4096; do
   sets+=(--sft-set "$kv")
 done
-for kv in "${TASKS[@]}" "env_config=${ENV%\}}, \"reward\": \"f1\"}" max_completion_length=352 max_steps=${GRPO_STEPS:-4}; do
+# ERROR_PENALTY=x: GRPO's episodes lose x per step with a failed tool call; MASK_TRUNCATED=true: TRL's
+# mask_truncated_completions (a step cut at max_completion_length is left out of the loss). Both unset by
+# default, so the recorded runs reproduce; the first probe's GRPO drifted toward longer steps with more
+# failed calls (223 -> 298 completion tokens and 0.6 -> 2.0 failed calls per step over 4 steps) and 14 of
+# its 32 held-out episodes ended without an answer
+GRPO_ENV="${ENV%\}}, \"reward\": \"f1\"${ERROR_PENALTY:+, \"error_penalty\": $ERROR_PENALTY}}"
+GRPO_EXTRA=()
+[ -n "${MASK_TRUNCATED:-}" ] && GRPO_EXTRA=(mask_truncated_completions=$MASK_TRUNCATED)
+for kv in "${TASKS[@]}" "env_config=$GRPO_ENV" max_completion_length=352 max_steps=${GRPO_STEPS:-4} "${GRPO_EXTRA[@]}"; do
   sets+=(--grpo-set "$kv")
 done
 exec .venv/bin/atommem quickstart --out "$OUT" --skip retrieval "${sets[@]}" "$@"

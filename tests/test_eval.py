@@ -69,6 +69,7 @@ def test_oracle_reaches_upper_bound_through_harness(tmp_path):
         assert r["evidence_recall"] == pytest.approx(1.0)
         assert r["relation_pairs"] > 0 and r["relation_accuracy"] == pytest.approx(1.0)
         assert r["llm_calls_per_task"] == 0 and r["env_tokens_per_task"] > 0
+        assert r["unanswered"] == 0 and r["tool_errors_per_task"] == 0
     for f in ("metrics.json", "report.md", "trajectories.jsonl", "viewer.html", "accuracy_by_method.png",
               "accuracy_by_category.png"):
         assert (tmp_path / f).stat().st_size > 0, f
@@ -76,6 +77,18 @@ def test_oracle_reaches_upper_bound_through_harness(tmp_path):
     assert saved["settings"]["seed"] == 0 and saved["settings"]["datasets"]["synth_docs"]["tasks"] == 4
     rows = [json.loads(x) for x in (tmp_path / "trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 7 and all(r["questions"] for r in rows)
+
+
+def test_unanswered_questions_and_failed_calls_are_counted_apart_from_wrong_answers():
+    from atommem_rl.eval.metrics import aggregate
+
+    q = lambda pred, em: {"em": em, "f1": em, "prediction": pred}  # noqa: E731
+    policy = [{"questions": [q("Paris", 1.0), q(None, 0.0)], "extra": {"tool_errors": 3}},
+              {"questions": [q("  ", 0.0), q("Rome", 0.0)], "extra": {"tool_errors": 1}}]
+    r = aggregate(policy)
+    assert r["unanswered"] == pytest.approx(0.5) and r["tool_errors_per_task"] == pytest.approx(2.0)
+    reader = aggregate([{"questions": [q("Oslo", 0.0)], "extra": {}}])
+    assert reader["unanswered"] == 0.0 and reader["tool_errors_per_task"] is None  # not a policy method
 
 
 def test_a_killed_run_resumes_without_redoing_finished_methods(tmp_path):

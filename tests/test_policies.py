@@ -4,6 +4,7 @@ below, random near zero; the rollout runner and command print the documented sum
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,33 @@ def test_oracle_answers_from_what_it_made_visible(synth):
             body = json.loads(call.split("</tool_call>")[0])
             if body["name"] == "create_memory":
                 assert body["arguments"]["content"] in step["prompt"][1]["content"]
+
+
+def _calls(step) -> list[dict]:
+    return [json.loads(c.split("</tool_call>")[0]) for c in step["completion"].split("<tool_call>")[1:]]
+
+
+def test_oracle_update_mode_demonstrates_update_and_delete():
+    """supersede="update" rewrites a shown outdated atom (update_memory) and deletes its shown duplicates
+    instead of storing and labelling, only ever on handles its prompt shows, and still answers everything
+    (the store keeps the old text as history, so questions about the earlier value stay answerable)."""
+    tasks = generate_tasks(12, seed=1234, docs=4, questions=2, confounders=2)
+    env = {**ENV, "chunk_tokens": 128}
+    label, update = make_policy("oracle"), make_policy("oracle", supersede="update")
+    lab, upd = (summarize(run_rollouts(tasks, p, env, batch_size=4), n) for p, n in ((label, "l"), (update, "u")))
+    assert lab["ops"]["update"] == lab["ops"]["delete"] == 0
+    assert upd["ops"]["update"] > 0 and upd["ops"]["delete"] > 0
+    assert upd["ops"]["relate"] < lab["ops"]["relate"] and upd["ops"]["read"] < lab["ops"]["read"]
+    assert upd["em"] >= 0.95 and upd["evidence_recall"] >= 0.95 and upd["tool_errors"] == 0 and upd["crashes"] == 0
+    assert update.stats()["unsupported"] == 0
+    for t in run_rollouts(tasks[:4], make_policy("oracle", supersede="update"), env):
+        for step in t["steps"]:
+            shown = set(re.findall(r"^\[(M\d+)\]", step["prompt"][1]["content"], re.MULTILINE))
+            for c in _calls(step):
+                if c["name"] in ("update_memory", "delete_memory"):
+                    assert c["arguments"]["id"] in shown
+    with pytest.raises(ValueError, match="supersede"):
+        make_policy("oracle", supersede="merge")
 
 
 def test_rollout_command(tmp_path, capsys, synth):

@@ -171,6 +171,18 @@ def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
                (json.loads(x)["id"] for x in (out / "confirm-7" / "heldout.jsonl").read_text().splitlines()))
     assert "GRPO - SFT" in done.stdout
 
+    # tool ablations of the trained policy on the run's own held-out tasks (scripts/ablate_policy.py)
+    ablate = [sys.executable, str(REPO / "scripts" / "ablate_policy.py"), str(out), "--variants",
+              "full,no_update,capacity", "--capacity", "1"]
+    done = subprocess.run(ablate, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((out / "ablations" / "ablations.json").read_text())["variants"]
+    assert set(rows) == {"full", "no_update", "capacity"} and rows["full"]["em_minus_full"] is None
+    assert "update" in rows["no_update"]["policy_env"]["disable"] and rows["no_update"]["ops_per_task"]["update"] == 0
+    assert rows["capacity"]["policy_env"]["capacity"] == 1 and rows["capacity"]["memory_size"] <= 1
+    assert rows["capacity"]["em_minus_full"]["n"] == 2
+    assert "| capacity |" in done.stdout and (out / "ablations" / "table.md").exists()
+
     # a second run skips every phase and reports the same results
     cfg = dict(out=str(out), tiny=True, locomo=str(LOCOMO), heldout_tasks=2, methods="oracle,heuristic,rag")
     q = Quickstart(QuickstartConfig(**cfg))

@@ -18,7 +18,9 @@ Schema (all scores in 0-1; ``null`` where a metric does not apply)::
           "verify", "reader" (answers), "manage" (mem0, MemAgent), "label" (ROAM)), "env_tokens_per_task"
           (policy methods: the prompt + completion tokens the environment counted, LLM or not),
           "seconds_per_task", "ops_per_task": {op: n}, "memory_size", "context_truncated" (full
-          context: mean share of input tokens cut), "cut_prompts", "crashes"}}},
+          context: mean share of input tokens cut), "cut_prompts", "crashes",
+          "tool_errors_per_task" (policy methods: failed tool calls per episode), "unanswered" (share
+          of questions with no answer recorded: a policy that never called answer for them)}}},
      "sweeps": {"docs": {"<method>": {"<n docs>": {"tasks", "em", "f1", "tokens_per_task",
                                                     "llm_calls_per_task", "seconds_per_task"}}},
                 "confounders": {... same by confounders per question ...}},
@@ -86,6 +88,9 @@ def aggregate(records: list[dict]) -> dict:
     res["memory_size"] = _mean([r.get("memory_size") for r in records])
     res["context_truncated"] = _mean([(r.get("extra") or {}).get("context_truncated") for r in records])
     res["crashes"] = sum(1 for r in records if (r.get("extra") or {}).get("crashed"))
+    # a policy that degenerates (long, failing steps) stops answering: say so apart from wrong answers
+    res["tool_errors_per_task"] = _mean([(r.get("extra") or {}).get("tool_errors") for r in records])
+    res["unanswered"] = _mean([float(not (q.get("prediction") or "").strip()) for q in qs])
     return res
 
 

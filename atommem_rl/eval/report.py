@@ -58,8 +58,9 @@ def write_report(metrics: dict, path: str | Path) -> None:
         L += [f"### {d}: operations per task", ""]
         ops = list(dict.fromkeys(o for m in res for o in ((res[m].get(d) or {}).get("ops_per_task") or {})))
         rows = [[m] + [_num(res[m][d]["ops_per_task"].get(o), 1) for o in ops] + [_num(res[m][d].get("memory_size"), 1),
+                _num(res[m][d].get("tool_errors_per_task"), 1), _pct(res[m][d].get("unanswered")),
                 _pct(res[m][d].get("context_truncated"))] for m in res if res[m].get(d)]
-        L += _table(["method"] + ops + ["memory size", "context cut %"], rows) + [""]
+        L += _table(["method"] + ops + ["memory size", "failed calls", "unanswered %", "context cut %"], rows) + [""]
     for name, title in (("docs", "number of documents"), ("confounders", "confounders per question")):
         sw = metrics.get("sweeps", {}).get(name) or {}
         if sw:

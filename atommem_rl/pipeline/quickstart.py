@@ -321,8 +321,9 @@ class Quickstart:
                                checkpoints=ckpts, run_logs=str(self.out / "grpo"), extra_settings=extra, log=log)
         finally:
             bar.close()
-        return {"results": {m: {d: {k: r.get(k) for k in ("em", "f1", "evidence_recall", "tokens_per_task",
-                                                          "seconds_per_task", "ops_per_task")}
+        keep = ("em", "f1", "evidence_recall", "relation_macro_f1", "unanswered", "tool_errors_per_task",
+                "tokens_per_task", "seconds_per_task", "ops_per_task")
+        return {"results": {m: {d: {k: r.get(k) for k in keep}
                                 for d, r in by.items()} for m, by in metrics["results"].items()},
                 "episodes": episode_stats(self.out / "eval" / "trajectories.jsonl"),
                 "plots": metrics.get("plots", []), "settings": asdict(settings)}

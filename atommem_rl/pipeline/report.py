@@ -110,11 +110,19 @@ def write_quickstart_report(q, wall_seconds: float) -> Path:
               "over its questions). Baselines: oracle (gold evidence, upper bound), heuristic (no LLM), reader "
               "methods with the base model as reader; checkpoint:* are the memory policies in the environment "
               "they were trained in.", "",
-              "| method | EM | F1 | evidence recall | tokens/task | s/task |", "|---|---|---|---|---|---|"]
+              "Mechanism columns: relation-label macro-F1 against the gold labels, questions left unanswered, "
+              "failed tool calls and operations per episode (C create, R read, U update, D delete, L label).", "",
+              "| method | EM | F1 | evidence recall | relation macro-F1 | unanswered | failed calls | C / R / U / D / L "
+              "| tokens/task | s/task |", "|---|---|---|---|---|---|---|---|---|---|"]
         for meth, by in e["results"].items():
             r = by.get("synthetic") or {}
             st = ep.get(meth, {})
+            o = r.get("ops_per_task") or {}
+            ops = " / ".join(f"{o[k]:.1f}" for k in ("create", "read", "update", "delete", "relate") if k in o) or "-"
+            err = r.get("tool_errors_per_task")
             L.append(f"| {meth} | {_pm(st.get('em'))} | {_pm(st.get('f1'))} | {_pct(r.get('evidence_recall'))} | "
+                     f"{_pct(r.get('relation_macro_f1'))} | {_pct(r.get('unanswered'))} | "
+                     f"{'-' if err is None else f'{err:.1f}'} | {ops} | "
                      f"{r.get('tokens_per_task') or 0:,.0f} | {r.get('seconds_per_task') or 0:.2f} |")
         diffs = {k: v for k, v in ep.items() if " - " in k}
         if diffs:

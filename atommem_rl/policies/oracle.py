@@ -8,6 +8,15 @@ Per chunk step:
      "stored as Mk" in the results, the old one among the memory views; to make the old one visible
      it reads (read_memory) with the new fact's text in the step it stores it;
   3. keeps a short scratchpad: which memories serve which question.
+
+``supersede`` chooses how a fact that replaces an older one (gold label ``conflict``) is kept:
+  * ``"label"`` (default, ROAM's way): store the new fact and label ``conflict(new, old)``; the store's
+    fusion then shows the old text under the new atom (``[previously: ...]``);
+  * ``"update"`` (AtomMem's CRUD way): when an older atom it replaces is shown in this prompt, rewrite
+    that atom with the new fact (update_memory: the store keeps the old text as history, shown the same
+    way) and delete the other shown atoms it replaces (restatements of the old fact, now outdated
+    duplicates: delete_memory); when none is shown, fall back to store-and-label. This is the mode that
+    demonstrates update and delete, which the label mode never calls.
 Answer phase, for each open question:
   supported (its gold answer appears in the shown memory or scratchpad, or all its evidence atoms
   are shown) -> answer with the gold answer; otherwise read with the question, then with the text of
@@ -47,9 +56,14 @@ class _Episode:
 class OraclePolicy(Policy):
     name = "oracle"
 
-    def __init__(self, guess: bool = False, scratchpad: bool = True):
+    SUPERSEDE = ("label", "update")
+
+    def __init__(self, guess: bool = False, scratchpad: bool = True, supersede: str = "label"):
+        if supersede not in self.SUPERSEDE:
+            raise ValueError(f"supersede must be one of {', '.join(self.SUPERSEDE)}, got {supersede!r}")
         self.guess = guess
         self.use_scratchpad = scratchpad
+        self.supersede = supersede
         self.eps: dict[Any, _Episode] = {}
         self.counts = {"answered": 0, "unsupported": 0}
 
@@ -77,17 +91,43 @@ class OraclePolicy(Policy):
         tools = set(info.get("tools") or []) or None
         calls: list[tuple[str, dict]] = []
         reads_left = 3
-        # 2) relation labels whose two atoms are visible
-        visible = set(shown) | just_created
+        chunk_step = info.get("phase", "chunks") == "chunks" and "chunk" in sec
+        new_units = []
+        if chunk_step:
+            chunk = sec["chunk"]
+            new_units = [u for u in ep.targets if u.id not in ep.unit_handle and u.text.strip() and u.text.strip() in chunk]
+        # 1b) update mode: the new facts that rewrite a shown atom they replace (and delete its duplicates)
+        edits: list[tuple[str, dict]] = []
+        gone: set[str] = set()
+        if self.supersede == "update" and new_units and (tools is None or {"update_memory", "delete_memory"} <= tools):
+            for u in list(new_units):
+                replaced = [ep.unit_handle[o] for n, o, lab in ep.relations
+                            if n == u.id and lab == "conflict" and ep.unit_handle.get(o) in shown]
+                replaced = [h for h in dict.fromkeys(replaced) if h not in gone]
+                if not replaced:
+                    continue
+                edits.append(("update_memory", {"id": replaced[0], "content": u.statement()}))
+                edits += [("delete_memory", {"id": h}) for h in replaced[1:]]
+                gone.update(replaced[1:])
+                # the rewritten atom now stands for the new fact and for the duplicates it replaced
+                for uid, h in list(ep.unit_handle.items()):
+                    if h in replaced[1:]:
+                        ep.unit_handle[uid] = replaced[0]
+                ep.unit_handle[u.id] = replaced[0]
+                ep.handle_unit[replaced[0]] = u.id
+                # the pairs this rewrite settles are not labelled later (they are one atom, or deleted)
+                ep.labelled.update((n, o) for n, o, _ in ep.relations if u.id in (n, o))
+                new_units.remove(u)
+        # 2) relation labels whose two atoms are visible (none with an atom deleted this step)
+        visible = (set(shown) | just_created) - gone
         for new, old, label in ep.relations:
             hn, ho = ep.unit_handle.get(new), ep.unit_handle.get(old)
-            if hn and ho and (new, old) not in ep.labelled and hn in visible and ho in visible:
+            if hn and ho and hn != ho and (new, old) not in ep.labelled and hn in visible and ho in visible:
                 if tools is None or "label_relation" in tools:
                     calls.append(("label_relation", {"new": hn, "old": ho, "label": label}))
                 ep.labelled.add((new, old))
-        if info.get("phase", "chunks") == "chunks" and "chunk" in sec:
-            chunk = sec["chunk"]
-            new_units = [u for u in ep.targets if u.id not in ep.unit_handle and u.text.strip() and u.text.strip() in chunk]
+        calls += edits
+        if chunk_step:
             for u in new_units:
                 args = {"content": u.statement()}
                 d = ep.block_date.get(u.id)
@@ -100,7 +140,7 @@ class OraclePolicy(Policy):
                 if reads_left and any(n == u.id and o in ep.unit_handle for n, o, _ in ep.relations):
                     calls.append(("read_memory", {"query": u.statement()[:300]}))
                     reads_left -= 1
-            if self.use_scratchpad and new_units:
+            if self.use_scratchpad and (new_units or edits):
                 note = self._note(ep)
                 if note != ep.scratch:
                     calls.append(("write_scratchpad", {"content": note}))
