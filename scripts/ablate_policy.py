@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from atommem_rl.pipeline.stats import mean_se, verdict  # noqa: E402
+from atommem_rl.inference.hf_engine import AUTOCAST_MODES  # noqa: E402
+from atommem_rl.pipeline.stats import episode_scores, mean_se, verdict  # noqa: E402
 
 VARIANTS = ("full", "no_update", "no_delete", "no_relations", "no_scratchpad", "capacity")
 
@@ -50,25 +51,13 @@ def variant_env(policy_env: dict, variant: str, capacity: int) -> dict:
     return env
 
 
-def per_task(trajectories: Path, method: str) -> tuple[dict[str, float], float]:
-    """(task -> the episode's EM, failed tool calls per episode) of one method's held-out episodes."""
-    em, errors = {}, []
-    for line in trajectories.read_text().splitlines():
-        r = json.loads(line) if line.strip() else None
-        if r and r["method"] == method:
-            errors.append((r.get("extra") or {}).get("tool_errors") or 0)
-            if r["questions"]:
-                em[r["task_id"]] = sum(q["em"] for q in r["questions"]) / len(r["questions"])
-    return em, sum(errors) / max(len(errors), 1)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run", type=Path, help="an `atommem quickstart --out` folder")
     ap.add_argument("--checkpoint", default="grpo", help="the run's checkpoint folder to ablate (default grpo)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}")
     ap.add_argument("--capacity", type=int, default=4, help="active-memory cap of the capacity variant (default 4)")
-    ap.add_argument("--autocast", choices=("off", "auto", "bf16"), default=None,
+    ap.add_argument("--autocast", choices=AUTOCAST_MODES, default=None,
                     help="generation autocast (default: what the run's evaluation used)")
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -102,10 +91,10 @@ def main(argv=None) -> int:
         m = evaluate(tasks, [method], str(out_root / v), settings=settings, checkpoints={method: factory},
                      extra_settings={"variant": v, "checkpoint": str(ckpt), "autocast": autocast, "trains": False})
         r = m["results"][method]["synthetic"]
-        em[v], errors = per_task(out_root / v / "trajectories.jsonl", method)
+        em[v] = {t: sc["em"] for t, sc in episode_scores(out_root / v / "trajectories.jsonl")[method].items()}
         rows[v] = {"em": mean_se(list(em[v].values())), "f1": r["f1"], "evidence_recall": r["evidence_recall"],
                    "relation_macro_f1": r.get("relation_macro_f1"), "memory_size": r.get("memory_size"),
-                   "ops_per_task": {**(r["ops_per_task"] or {}), "errors": errors},
+                   "ops_per_task": {**(r["ops_per_task"] or {}), "errors": r["tool_errors_per_task"]},
                    "seconds": round(time.time() - t0, 1),
                    "policy_env": settings.policy_env}
         print(f"{v}: EM {rows[v]['em']['mean']:.3f} ({rows[v]['seconds']} s)", flush=True)

@@ -39,10 +39,8 @@ PAIRS = (("checkpoint:sft", "checkpoint:base"), ("checkpoint:grpo", "checkpoint:
          ("checkpoint:grpo", "checkpoint:base"))
 
 
-def episode_stats(trajectories: str | Path, pairs=PAIRS) -> dict:
-    """Per method: mean and standard error over held-out episodes of the episode's EM and F1
-    (mean over its questions), plus the paired differences ``a - b`` on the same tasks for each
-    (a, b) in ``pairs`` whose methods both ran (keyed "grpo - sft": the names after ``checkpoint:``)."""
+def episode_scores(trajectories: str | Path) -> dict[str, dict[str, dict[str, float]]]:
+    """{method: {task id: {"em", "f1"}}}: each held-out episode's scores (the mean over its questions)."""
     per: dict[str, dict[str, dict[str, float]]] = {}
     for line in Path(trajectories).read_text().splitlines():
         if not line.strip():
@@ -52,6 +50,14 @@ def episode_stats(trajectories: str | Path, pairs=PAIRS) -> dict:
         if qs:
             per.setdefault(r["method"], {})[r["task_id"]] = {
                 "em": sum(q["em"] for q in qs) / len(qs), "f1": sum(q["f1"] for q in qs) / len(qs)}
+    return per
+
+
+def episode_stats(trajectories: str | Path, pairs=PAIRS) -> dict:
+    """Per method: mean and standard error over held-out episodes of the episode's EM and F1
+    (mean over its questions), plus the paired differences ``a - b`` on the same tasks for each
+    (a, b) in ``pairs`` whose methods both ran (keyed "grpo - sft": the names after ``checkpoint:``)."""
+    per = episode_scores(trajectories)
     out = {m: {k: mean_se([v[k] for v in by.values()]) for k in ("em", "f1")} for m, by in per.items()}
     for a, b in pairs:
         if a in per and b in per:
