@@ -50,3 +50,22 @@ def test_bench_update_reuses_its_saved_samples(tmp_path, capsys):
         assert second[key] == first[key], key
     assert atommem([a if a != "8" else "9" for a in args]) == 2
     assert "written with other settings" in capsys.readouterr().err
+
+
+def test_bench_update_reports_bf16_against_fp32(capsys):
+    """With ``packed_bf16``: how far the bf16 update is from the fp32 one (log-probabilities, gradient cosine,
+    norm ratio, sign agreement), for the packed path and for TRL's rows under the same autocast."""
+    from atommem_rl.precision import cpu_bf16_supported
+
+    if not cpu_bf16_supported():
+        pytest.skip("this CPU has no native bf16")
+    rc = atommem(["bench", "update", "--tiny", "--episodes", "2", "--docs", "1", "--max-new-tokens", "8",
+                  "--repeats", "1", "--variants", "baseline,packed_bf16", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["dtype"] == "bfloat16"
+    for key in ("bf16_grad_cosine", "bf16_rows_grad_cosine", "bf16_packed_vs_rows_grad_cosine"):
+        assert -1 - 1e-9 <= out[key] <= 1 + 1e-9, key
+    # bf16 rounds: close to fp32 but not equal (a tiny random model still points the same way)
+    assert 0 < out["bf16_max_logprob_diff"] < 1 and out["bf16_grad_cosine"] > 0.5
+    assert 0.5 < out["bf16_sign_agreement"] <= 1 and out["bf16_grad_norm_ratio"] > 0

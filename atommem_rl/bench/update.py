@@ -322,6 +322,26 @@ def main(args) -> int:
     g_base, g_packed = g_base.double(), g_packed.double()
     cosine = (torch.dot(g_base, g_packed) / (g_base.norm() * g_packed.norm())).item()
 
+    # bf16 against fp32: how far the bf16 update's log-probabilities and gradient are from the fp32 baseline's
+    # (not an exactness target: bf16 rounds; the figure says how much of the update's direction survives it)
+    bf16_fig = {}
+    if "packed_bf16" in variants:
+        bf16_lp, _, _ = run("packed_bf16")
+        g_bf16 = _grads(model).double()
+        bf16_fig = {"bf16_max_logprob_diff": max((abs(a - b) for x, y in zip(base_lp, bf16_lp, strict=True)
+                                                  for a, b in zip(x, y, strict=True)), default=0.0),
+                    "bf16_grad_cosine": (torch.dot(g_base, g_bf16) / (g_base.norm() * g_bf16.norm())).item(),
+                    "bf16_grad_norm_ratio": (g_bf16.norm() / g_base.norm()).item(),
+                    # share of gradient elements whose sign differs: Adam's first steps move every weight by
+                    # about lr in its gradient's sign, whatever the gradient's size
+                    "bf16_sign_agreement": (torch.sign(g_bf16) == torch.sign(g_base)).double().mean().item()}
+        # TRL's padded rows under the same autocast: is a gap bf16's own or the packed path's?
+        baseline_update(model, samples, pad_id, args.baseline_rows, autocast=bf16_ctx())
+        g_rows = _grads(model).double()
+        bf16_fig["bf16_rows_grad_cosine"] = (torch.dot(g_base, g_rows) / (g_base.norm() * g_rows.norm())).item()
+        bf16_fig["bf16_packed_vs_rows_grad_cosine"] = (torch.dot(g_bf16, g_rows) / (g_bf16.norm() * g_rows.norm())).item()
+        del g_bf16, g_rows
+
     times: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(args.repeats):
         for v in variants:  # alternating: each round runs every variant once, in turn
@@ -339,7 +359,7 @@ def main(args) -> int:
         "samples": len(samples), "raw_tokens": raw, "forwarded_tokens": forwarded,
         "packing_ratio": round(raw / forwarded, 3), "baseline_s": round(med["baseline"], 3),
         "packed_s": round(med[best], 3), "speedup": round(med["baseline"] / med[best], 2),
-        "max_logprob_diff": max_diff, "grad_cosine": cosine,
+        "max_logprob_diff": max_diff, "grad_cosine": cosine, **bf16_fig,
         "dtype": "bfloat16" if best == "packed_bf16" else "float32",
         "packed_variant": best, "padded_tokens": width * len(samples) if not args.baseline_rows else None,
         "completion_tokens": sum(len(s[1]) for s in samples), "episodes": args.episodes,
@@ -356,6 +376,10 @@ def main(args) -> int:
         print(f"{len(samples)} step samples, {raw} raw tokens, {forwarded} forwarded (packing ratio "
               f"{out['packing_ratio']}); baseline {out['baseline_s']} s, packed ({best}) {out['packed_s']} s: "
               f"{out['speedup']}x; fp32 max log-prob diff {max_diff:.2e}, gradient cosine {cosine:.6f}")
+        if bf16_fig:
+            print(f"  bf16 against fp32: max log-prob diff {bf16_fig['bf16_max_logprob_diff']:.2e}, gradient cosine "
+                  f"{bf16_fig['bf16_grad_cosine']:.6f} (TRL's rows in bf16: {bf16_fig['bf16_rows_grad_cosine']:.6f}), norm ratio {bf16_fig['bf16_grad_norm_ratio']:.4f}, "
+                  f"same sign {bf16_fig['bf16_sign_agreement']:.4f}")
         for v in variants:
             print(f"  {v}: median {med[v]:.3f} s ({out['variants'][v]['speedup']}x)")
     return 0
