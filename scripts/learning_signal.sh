@@ -52,12 +52,14 @@ fi
 # with 96: every GRPO episode scored 0 and every advantage was 0)
 # PACK (max_tokens_per_microbatch: the policy update packed by unique tokens, training/packing.py; 0: TRL's
 # padded rows) and BF16 (auto_bf16: bf16 autocast where the CPU has native bf16) set SFT's and the GRPO update's
-# cost levers (docs/BENCHMARKS.md, "Packed policy update"); PACK=0 BF16=false is the recorded runs' (fp32, padded rows)
+# cost levers (docs/BENCHMARKS.md, "Packed policy update"); PACK=0 BF16=false is the recorded runs' (fp32, padded rows).
+# bf16=false is passed too: auto_bf16 false alone leaves TRL's default, bf16 autocast (GRPOConfig sets bf16=True
+# when neither bf16 nor fp16 is given), so a run meant as fp32 trained in bf16 (docs/BENCHMARKS.md, "Learning signal")
 PACK=${PACK:-0}
 BF16=${BF16:-false}
 # SFT_BF16 (default BF16): SFT's alone, so GRPO with other levers can start from the same SFT phase
 sets=()
-for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8 auto_bf16=${SFT_BF16:-$BF16}; do sets+=(--sft-set "$kv"); done
+for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8 auto_bf16=${SFT_BF16:-$BF16} bf16=false; do sets+=(--sft-set "$kv"); done
 GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 # ERROR_PENALTY=x (unset by default, so the recorded runs reproduce): GRPO's episodes lose x per step with a
 # failed tool call. A failed call changes nothing, so the task reward alone leaves them free; the sixth run
@@ -74,7 +76,7 @@ TASK_SETS=()
 for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_ENV" synth_tasks=64 \
           max_steps=${GRPO_STEPS:-16} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
           learning_rate=${GRPO_LR:-2e-5} temperature=${TEMPERATURE:-0.8} max_completion_length=224 \
-          hold_on_zero_advantage=${HOLD:-true} max_tokens_per_microbatch=$PACK auto_bf16=$BF16 "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
+          hold_on_zero_advantage=${HOLD:-true} max_tokens_per_microbatch=$PACK auto_bf16=$BF16 bf16=false "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
   sets+=(--grpo-set "$kv")
 done
 # training, then the evaluation in a fresh process. vLLM on CPU sizes its KV cache as the utilization share

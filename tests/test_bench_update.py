@@ -69,3 +69,21 @@ def test_bench_update_reports_bf16_against_fp32(capsys):
     # bf16 rounds: close to fp32 but not equal (a tiny random model still points the same way)
     assert 0 < out["bf16_max_logprob_diff"] < 1 and out["bf16_grad_cosine"] > 0.5
     assert 0.5 < out["bf16_sign_agreement"] <= 1 and out["bf16_grad_norm_ratio"] > 0
+
+
+def test_auto_bf16_false_needs_bf16_false_for_fp32():
+    """TRL's configs turn bf16 on when neither bf16 nor fp16 is given, so ``auto_bf16: false`` alone is not fp32
+    (a learning-signal run meant as fp32 trained in bf16); scripts/learning_signal.sh passes bf16=false with it."""
+    from pathlib import Path
+
+    from atommem_rl.training.grpo import GRPORecipeConfig
+    from atommem_rl.training.recipes import load_recipe
+
+    recipe = "recipes/quickstart_learning/grpo.yaml"
+    assert load_recipe(GRPORecipeConfig, recipe, ["--auto_bf16", "false", "--output_dir", "/tmp/x"]).bf16 is True
+    assert load_recipe(GRPORecipeConfig, recipe, ["--auto_bf16", "false", "--bf16", "false",
+                                                  "--output_dir", "/tmp/x"]).bf16 is False
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "learning_signal.sh").read_text()
+    import re
+
+    assert len(re.findall(r"auto_bf16=\S+ bf16=false", script)) == script.count("auto_bf16=") == 2  # SFT and GRPO

@@ -123,8 +123,9 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
 
     auto_bf16: bool = field(default=False, metadata={
         "help": "Choose bf16 autocast where torch reports native bf16 (CUDA with bf16; a CPU with AVX512-BF16 or "
-                "AMX), fp32 elsewhere: sets bf16 (and fp16 false) and prints the choice. Off by default: the "
-                "learning-signal run has not been re-checked in bf16."})
+                "AMX), fp32 elsewhere: sets bf16 (and fp16 false) and prints the choice. False: bf16/fp16 as given, and TRL's "
+                "config turns bf16 on when neither is given (fp32 needs bf16: false). Off by default: the "
+                "packed bf16 update has not been shown to learn (docs/BENCHMARKS.md, \"Learning signal\")."})
 
     def __post_init__(self):
         if self.auto_bf16:

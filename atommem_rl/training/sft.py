@@ -78,7 +78,8 @@ class SFTRecipeConfig(SFTConfig, ModelConfig, TaskSource):
     rollout_batch_size: int = field(default=8, metadata={"help": "Episodes run at once when generating."})
     auto_bf16: bool = field(default=False, metadata={
         "help": "Choose bf16 autocast where torch reports native bf16 (CUDA with bf16; a CPU with AVX512-BF16 or "
-                "AMX), fp32 elsewhere: sets bf16 (and fp16 false) and prints the choice."})
+                "AMX), fp32 elsewhere: sets bf16 (and fp16 false) and prints the choice. False: bf16/fp16 as given, and TRL's "
+                "config turns bf16 on when neither is given (fp32 needs bf16: false)."})
 
     def __post_init__(self):
         if self.auto_bf16:
