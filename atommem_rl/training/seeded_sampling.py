@@ -12,8 +12,14 @@ warpers), then i.i.d. Gumbel noise g = -log(-log(u)), u ~ U(0,1) drawn from a ge
 hash(seed_i, t), is added, and ``generate`` runs greedily: argmax(scores + g) is an exact sample from
 softmax(scores). Rows never share random numbers, so a row's completion is a function of its prompt,
 the weights and its seed only. Used by ``training/grpo.py`` (``seeded_sampling: true``, the default)
-with seed_i = hash(episode seed, step of the episode); vLLM backends are not affected (vLLM takes
-per-request seeds itself).
+with seed_i = hash(episode seed, step of the episode). A vLLM server gets each row's seed with its request
+(``training/rounds.py``). vLLM colocated in the trainer's process gets no per-request seed from TRL: its
+sampler then draws the noise of every unseeded request from torch's global generator (the CPU build:
+``torch.randint`` for per-token seeds; CUDA: ``exponential_``), the generator the update draws from too
+(TRL's row shuffle takes a permutation per generation batch, the packed update does not). So a colocated
+round runs inside :func:`seeded_round_rng`: the global generator forked, seeded with a hash of the round's
+row seeds, and restored afterwards. The round's tokens then depend on its prompts, the weights and its rows'
+seeds only, and training draws the same random numbers whether or not rollouts sampled.
 
 The noise enters through a forward hook on the output embeddings (the LM head), installed only for
 the duration of one generation call; ``generate`` is TRL's own call, untouched.
@@ -37,6 +43,20 @@ def mix(*values: int) -> int:
         h = (h ^ (int(v) & _MASK)) * 0xBF58476D1CE4E5B9 & _MASK
         h ^= h >> 31
     return h
+
+
+@contextlib.contextmanager
+def seeded_round_rng(row_seeds: list[int], device: torch.device):
+    """Run a generation round on torch's global generator (CPU, and ``device`` when it is an accelerator)
+    seeded with a hash of the round's row seeds, and restore the generators afterwards (see the module
+    docstring: vLLM colocated samples from them)."""
+    devices = [device] if device.type not in ("cpu", "meta") else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type if devices else "cuda"):
+        seed = mix(len(row_seeds), *row_seeds)
+        torch.random.default_generator.manual_seed(seed)
+        if devices:
+            getattr(torch, device.type).manual_seed(seed)  # this device only, as fork_rng restores only it
+        yield
 
 
 def warpers(temperature=None, top_k=None, top_p=None, min_p=None):
