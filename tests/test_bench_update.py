@@ -23,6 +23,29 @@ def test_bench_update_tiny(capsys):
     assert out["max_logprob_diff"] <= 1e-4 and 0.9999 <= out["grad_cosine"] <= 1 + 1e-9  # above 1 is an arithmetic error
     assert out["dtype"] == "float32" and set(out["variants"]) == {"baseline", "packed_all", "packed"}
     assert all(len(v["runs_s"]) == 1 for v in out["variants"].values())
+    # after one Adam step the two fp32 updates leave the weights a bf16 engine serves (nearly) the same
+    assert 0 < out["served_bf16_moved"] <= out["weights"] and out["adam_update_max_diff_lr"] < 0.5
+    assert out["adam_served_bf16_differ"] <= 1e-4 * out["weights"]
+
+
+def test_adam_first_step_figures():
+    """Adam's first step moves each weight by about lr in its gradient's sign: two gradients that agree in
+    sign leave the same weights except where a gradient is near Adam's eps; a flipped sign is 2 lr apart
+    and shows in the served bf16 weights when lr is large against their spacing."""
+    import torch
+
+    from atommem_rl.bench.update import adam_first_step_figures
+
+    w = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    same = adam_first_step_figures(w, torch.tensor([1.0, -2.0, 3e-3, 0.0], dtype=torch.float64),
+                                   torch.tensor([2.0, -1.0, 3e-3, 0.0], dtype=torch.float64), lr=0.1)
+    assert same["adam_update_max_diff_lr"] < 1e-5 and same["adam_update_differ_share"] == 0
+    assert same["adam_served_bf16_differ"] == 0 and same["served_bf16_moved"] == 3  # the zero gradient stays
+    flipped = adam_first_step_figures(w, torch.tensor([1.0, -2.0, 1e-9, 0.0], dtype=torch.float64),
+                                      torch.tensor([-1.0, -2.0, 3e-9, 0.0], dtype=torch.float64), lr=0.1, prefix="x")
+    assert abs(flipped["x_update_max_diff_lr"] - 2.0) < 1e-5  # entry 0: -lr against +lr
+    assert flipped["x_update_differ_share"] == 0.5  # entries 0 and 2 (near eps the update scales with g)
+    assert flipped["x_served_bf16_differ"] == 2
 
 
 def test_bench_update_bad_input(capsys):

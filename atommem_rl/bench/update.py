@@ -76,6 +76,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON file of the rolled-out step samples: read when it exists (and was made with the same "
                              "model and rollout flags), else written after the rollout, so a timing run that is "
                              "killed does not redo its rollout")
+    parser.add_argument("--lr", type=nonneg_float, default=2e-5,
+                        help="learning rate of the Adam first step compared after the update (default 2e-5, the "
+                             "learning-signal recipe's)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -231,10 +234,32 @@ def packed_update(model, samples, groups, budget: int, pad_id: int, score: str =
     return got, loss_sum, forwarded
 
 
+def adam_first_step_figures(weights, g_a, g_b, lr: float, eps: float = 1e-8, prefix: str = "adam") -> dict:
+    """How far apart two gradients of the same update leave the weights after Adam's first step, the step a
+    GRPO run takes with them (torch's Adam/AdamW, no weight decay: bias-corrected m / sqrt(v) is g / |g|, so
+    the update is -lr * g / (|g| + eps), about lr in each entry's sign whatever its size). ``weights`` is the
+    flat fp32 weight vector in the gradients' order. Figures: the largest difference of the two updates as a
+    share of lr, the share of entries whose updates differ by more than 1% of lr, and how many weights a bf16
+    inference engine (vLLM here) would then serve differently: the generation side sees only those."""
+    import torch
+
+    u_a = (-lr * g_a / (g_a.abs() + eps)).float()
+    u_b = (-lr * g_b / (g_b.abs() + eps)).float()
+    diff = (u_a - u_b).abs()
+    served = ((weights + u_a).bfloat16() != (weights + u_b).bfloat16())
+    moved = ((weights + u_a).bfloat16() != weights.bfloat16())
+    return {f"{prefix}_update_max_diff_lr": (diff.max() / lr).item() if lr else 0.0,
+            f"{prefix}_update_differ_share": (diff > 0.01 * lr).double().mean().item(),
+            f"{prefix}_served_bf16_differ": int(served.sum()),
+            "served_bf16_moved": int(moved.sum()), "weights": weights.numel()}
+
+
 def _grads(model):
     import torch
 
-    g = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    # every trainable parameter, in order (a zero where none reached it): the order of the weight vector
+    g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten()
+                   for p in model.parameters() if p.requires_grad])
     model.zero_grad(set_to_none=True)
     return g
 
@@ -321,6 +346,9 @@ def main(args) -> int:
     # in float64: over 135M fp32 elements torch's fp32 cosine_similarity reported 1.031 for SmolLM2 (> 1)
     g_base, g_packed = g_base.double(), g_packed.double()
     cosine = (torch.dot(g_base, g_packed) / (g_base.norm() * g_packed.norm())).item()
+    # the weights a first Adam step leaves, packed against rows: a bf16 generation engine serves them
+    weights = torch.cat([p.detach().flatten() for p in model.parameters() if p.requires_grad])
+    adam_fig = adam_first_step_figures(weights, g_base, g_packed, args.lr)
 
     # bf16 against fp32: how far the bf16 update's log-probabilities and gradient are from the fp32 baseline's
     # (not an exactness target: bf16 rounds; the figure says how much of the update's direction survives it)
@@ -340,7 +368,10 @@ def main(args) -> int:
         g_rows = _grads(model).double()
         bf16_fig["bf16_rows_grad_cosine"] = (torch.dot(g_base, g_rows) / (g_base.norm() * g_rows.norm())).item()
         bf16_fig["bf16_packed_vs_rows_grad_cosine"] = (torch.dot(g_bf16, g_rows) / (g_bf16.norm() * g_rows.norm())).item()
+        adam_fig.update(adam_first_step_figures(weights, g_base, g_bf16, args.lr, prefix="adam_bf16"))
+        adam_fig.update(adam_first_step_figures(weights, g_base, g_rows, args.lr, prefix="adam_rows_bf16"))
         del g_bf16, g_rows
+    del weights
 
     times: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(args.repeats):
@@ -359,7 +390,7 @@ def main(args) -> int:
         "samples": len(samples), "raw_tokens": raw, "forwarded_tokens": forwarded,
         "packing_ratio": round(raw / forwarded, 3), "baseline_s": round(med["baseline"], 3),
         "packed_s": round(med[best], 3), "speedup": round(med["baseline"] / med[best], 2),
-        "max_logprob_diff": max_diff, "grad_cosine": cosine, **bf16_fig,
+        "max_logprob_diff": max_diff, "grad_cosine": cosine, **bf16_fig, **adam_fig, "lr": args.lr,
         "dtype": "bfloat16" if best == "packed_bf16" else "float32",
         "packed_variant": best, "padded_tokens": width * len(samples) if not args.baseline_rows else None,
         "completion_tokens": sum(len(s[1]) for s in samples), "episodes": args.episodes,
@@ -380,6 +411,11 @@ def main(args) -> int:
             print(f"  bf16 against fp32: max log-prob diff {bf16_fig['bf16_max_logprob_diff']:.2e}, gradient cosine "
                   f"{bf16_fig['bf16_grad_cosine']:.6f} (TRL's rows in bf16: {bf16_fig['bf16_rows_grad_cosine']:.6f}), norm ratio {bf16_fig['bf16_grad_norm_ratio']:.4f}, "
                   f"same sign {bf16_fig['bf16_sign_agreement']:.4f}")
+        print(f"  after one Adam step (lr {args.lr:g}): {adam_fig['served_bf16_moved']} of {adam_fig['weights']} "
+              f"weights change in bf16; packed against rows in fp32: updates differ by at most "
+              f"{adam_fig['adam_update_max_diff_lr']:.2e} lr, {adam_fig['adam_served_bf16_differ']} served bf16 weights differ"
+              + (f"; bf16 packed against fp32 rows: {adam_fig['adam_bf16_served_bf16_differ']}, bf16 rows against "
+                 f"fp32 rows: {adam_fig['adam_rows_bf16_served_bf16_differ']}" if bf16_fig else ""))
         for v in variants:
             print(f"  {v}: median {med[v]:.3f} s ({out['variants'][v]['speedup']}x)")
     return 0
