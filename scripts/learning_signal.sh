@@ -65,6 +65,10 @@ GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 # failed tool call. A failed call changes nothing, so the task reward alone leaves them free; the sixth run
 # (TASKS=4, docs/BENCHMARKS.md) drifted from 0.06 to 2.8 failed calls per held-out episode without it
 [ -n "${ERROR_PENALTY:-}" ] && GRPO_ENV=${GRPO_ENV%\}}', "error_penalty": '$ERROR_PENALTY'}'
+# EVIDENCE_BONUS=x (unset by default): GRPO's episodes gain x times the share of the question's gold evidence
+# shown at answer time. The task reward alone let GRPO drift to fewer memories (2.5 -> 1.6 creates per
+# held-out episode, evidence recall 78 -> 62-64; docs/BENCHMARKS.md, issue 18 section)
+[ -n "${EVIDENCE_BONUS:-}" ] && GRPO_ENV=${GRPO_ENV%\}}', "evidence_bonus": '$EVIDENCE_BONUS'}'
 G=${GROUP:-8}
 # TASKS groups per step (default 1). With more than one, the samples of groups whose episodes all scored
 # the same are dropped before TRL shuffles the batch and cuts it into TASKS micro-batches (drop_zero_advantage),
