@@ -69,6 +69,10 @@ GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 # shown at answer time. The task reward alone let GRPO drift to fewer memories (2.5 -> 1.6 creates per
 # held-out episode, evidence recall 78 -> 62-64; docs/BENCHMARKS.md, issue 18 section)
 [ -n "${EVIDENCE_BONUS:-}" ] && GRPO_ENV=${GRPO_ENV%\}}', "evidence_bonus": '$EVIDENCE_BONUS'}'
+# SEED: GRPO's trainer seed (task order and rollout sampling; default 0, the recorded runs'). BETA: the KL
+# coefficient against the SFT checkpoint (default 0, as AtomMem; with beta > 0 every step updates, the KL
+# term alone on a step whose episodes all scored the same, so no step is held). TRAIN_ONLY=1: stop after
+# GRPO (no held-out evaluation; scripts/confirm_heldout.py --also evaluates several such runs at once)
 G=${GROUP:-8}
 # TASKS groups per step (default 1). With more than one, the samples of groups whose episodes all scored
 # the same are dropped before TRL shuffles the batch and cuts it into TASKS micro-batches (drop_zero_advantage),
@@ -80,7 +84,8 @@ TASK_SETS=()
 for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_ENV" synth_tasks=64 \
           max_steps=${GRPO_STEPS:-16} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
           learning_rate=${GRPO_LR:-2e-5} temperature=${TEMPERATURE:-0.8} max_completion_length=224 \
-          hold_on_zero_advantage=${HOLD:-true} max_tokens_per_microbatch=$PACK auto_bf16=$BF16 bf16=false "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
+          hold_on_zero_advantage=${HOLD:-true} max_tokens_per_microbatch=$PACK auto_bf16=$BF16 bf16=false \
+          seed=${SEED:-0} beta=${BETA:-0.0} "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
   sets+=(--grpo-set "$kv")
 done
 # training, then the evaluation in a fresh process. vLLM on CPU sizes its KV cache as the utilization share
@@ -88,13 +93,16 @@ done
 # process, 0.15 left a negative KV budget ("Available memory ... less than requested memory for kv")
 # EVAL_AUTOCAST (default off): BACKEND=hf's held-out generation in fp32 as in the recorded runs; auto is the
 # quickstart's default (bf16 autocast where the CPU has it); vLLM ignores it
-for skip in retrieval,eval retrieval; do
+SKIPS=(retrieval,eval retrieval)
+[ "${TRAIN_ONLY:-0}" = 1 ] && SKIPS=(retrieval,eval)
+for skip in "${SKIPS[@]}"; do
   "$PY" -m atommem_rl.cli quickstart --backend "$BACKEND" --out "$OUT" --skip $skip --methods oracle,heuristic \
     --sft-recipe recipes/quickstart_learning/sft.yaml --grpo-recipe recipes/quickstart_learning/grpo.yaml \
     --eval-autocast "${EVAL_AUTOCAST:-off}" \
     --checkpoints sft,grpo --heldout-tasks ${HELDOUT:-128} --heldout-seed 5000 "${sets[@]}" "$@" >> "$OUT.log" 2>&1 \
     || { tail -30 "$OUT.log"; exit 1; }
 done
+[ "${TRAIN_ONLY:-0}" = 1 ] && { echo "trained: $OUT (TRAIN_ONLY=1: not evaluated)"; exit 0; }
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from atommem_rl.pipeline.stats import paired_summary

@@ -110,3 +110,17 @@ def test_auto_bf16_false_needs_bf16_false_for_fp32():
     import re
 
     assert len(re.findall(r"auto_bf16=\S+ bf16=false", script)) == script.count("auto_bf16=") == 2  # SFT and GRPO
+
+
+def test_bench_update_times_the_scoring_pass(capsys):
+    """``--scoring``: the no-gradient pass (reference / old-policy log-probabilities) over padded rows and
+    packed, the same values in fp32, both timed in the alternating rounds."""
+    rc = atommem(["bench", "update", "--tiny", "--episodes", "2", "--docs", "1", "--max-new-tokens", "8",
+                  "--repeats", "2", "--variants", "baseline,packed", "--scoring", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["score_max_logprob_diff"] <= 1e-4
+    assert {"score_rows", "score_packed"} <= set(out["scoring"])
+    assert all(len(v["runs_s"]) == 2 for v in out["scoring"].values())
+    assert out["score_rows_s"] > 0 and out["score_packed_s"] > 0 and out["score_speedup"] > 0
+    assert set(out["variants"]) == {"baseline", "packed"}  # the update's figures are unchanged

@@ -70,6 +70,45 @@ def test_packed_update_equals_row_update(tiny_arch, tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(600)
+def test_packed_old_and_reference_scores_equal_row_scores(tiny, tmp_path, monkeypatch):
+    """With packing on, the no-gradient passes (old-policy log-probabilities for the importance-sampling
+    correction or several updates per generation, reference log-probabilities for the KL term) are packed
+    too: the same values as TRL's padded rows on every trained token (fp32), zeros elsewhere; the KL
+    term then enters the packed loss like the rows' one."""
+    from trl.trainer.utils import split_tensor_dict
+
+    trainer = _trainer(tiny, tmp_path / "t", monkeypatch, beta=0.04)
+    rows = [trainer.train_dataset[0]] * 2 + [trainer.train_dataset[1]] * 2
+    batch = trainer._generate_and_score_completions(rows)  # rows: ref from padded rows
+    mask = batch["completion_mask"].bool()
+    assert mask.sum() > 0 and trainer.ref_model is not None
+    with torch.no_grad():
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        att = torch.cat([batch["prompt_mask"], torch.ones_like(batch["completion_mask"])], dim=1)
+        old_rows = trainer._get_per_token_logps_and_entropies(trainer.model, ids, att, batch["completion_ids"].size(1),
+                                                              batch_size=4)[0]
+    budget = int((batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).max()) + 64
+    trainer.args.max_tokens_per_microbatch = budget  # several packed forwards
+    old_packed = trainer._packed_scores(batch, trainer.model)
+    ref_packed = trainer._packed_ref_logps(batch)
+    assert old_packed.shape == old_rows.shape and torch.all(old_packed[~mask] == 0)
+    assert (old_packed - old_rows)[mask].abs().max().item() <= 1e-4
+    assert (ref_packed - batch["ref_per_token_logps"])[mask].abs().max().item() <= 1e-4
+    # the whole path: _score_old_and_ref now fills ref_per_token_logps from packed forwards, not padded rows
+    monkeypatch.setattr(trainer, "_ref_logps", lambda *a, **k: pytest.fail("padded-row reference pass"))
+    packed_batch = trainer._generate_and_score_completions(rows)
+    assert (packed_batch["ref_per_token_logps"] - batch["ref_per_token_logps"])[mask].abs().max().item() <= 1e-4
+    # and the loss with its KL term: after one SGD step the policy differs from the reference, then
+    # packed and row losses (KL included) agree
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(1e-2 * torch.randn_like(p))
+    row_loss, _ = _grads(trainer, split_tensor_dict(batch, 2))
+    pk_loss, _ = _grads(trainer, trainer._pack_generation_batch(packed_batch))
+    assert pk_loss == pytest.approx(row_loss, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.timeout(600)
 def test_packed_counts_padded_to_micro_steps_and_empty_rows_add_zero(tiny, tmp_path, monkeypatch):
     """A budget that packs everything in one micro-batch still gives steps_per_generation micro-steps (the
     second gets an empty micro-batch, whose loss is exactly 0 and connected to the weights)."""

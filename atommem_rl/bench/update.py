@@ -22,6 +22,12 @@ rounds, medians reported:
 * ``packed``: the same, only trained positions scored, fp32 (the scoring lever);
 * ``packed_bf16``: the same under bf16 autocast, where the CPU has native bf16 (the bf16 lever).
 
+``--scoring`` also times the no-gradient pass a step makes over the same samples when its loss needs the
+reference (KL, ``beta`` > 0) or old-policy (vLLM importance-sampling correction) log-probabilities:
+``score_rows`` (TRL's padded rows, ``--baseline-rows`` per forward, fp32) against ``score_packed``
+(the trainer's packed pass, ``StepwiseGRPOTrainer._packed_scores``: the same packing, fp32) and
+``score_packed_bf16``; their largest fp32 log-probability difference is ``score_max_logprob_diff``.
+
 Exactness comes from an fp32 comparison of ``baseline`` and ``packed``: the largest difference of a
 completion token's log-probability and the cosine of the two gradients. Printed (``--json``)::
 
@@ -79,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=nonneg_float, default=2e-5,
                         help="learning rate of the Adam first step compared after the update (default 2e-5, the "
                              "learning-signal recipe's)")
+    parser.add_argument("--scoring", action="store_true",
+                        help="also time the no-gradient scoring pass (reference / old-policy log-probabilities): "
+                             "padded rows against packed, alternating with the update variants")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -177,23 +186,14 @@ def baseline_update(model, samples, pad_id: int, rows: int = 0, autocast=None) -
     """Today's path: padded rows, TRL's fused head (``add_fused_lm_head`` already applied), dapo loss,
     backward. Returns (per-sample completion log-probabilities, loss)."""
     import torch
-    from trl.trainer.utils import pad
 
     total = sum(len(s[1]) for s in samples if s[3] is not None)
     rows = rows or len(samples)
     logps, loss_sum = [], 0.0
     for start in range(0, len(samples), rows):
         part = samples[start:start + rows]
-        prompt = pad([torch.tensor(s[0]) for s in part], padding_value=pad_id, padding_side="left")
-        prompt_mask = pad([torch.ones(len(s[0]), dtype=torch.long) for s in part], padding_value=0, padding_side="left")
-        completion = pad([torch.tensor(s[1]) for s in part], padding_value=pad_id, padding_side="right")
-        completion_mask = pad([torch.ones(len(s[1]), dtype=torch.long) for s in part], padding_value=0,
-                              padding_side="right")
-        input_ids = torch.cat([prompt, completion], 1)
-        attention = torch.cat([prompt_mask, completion_mask], 1)
-        keep = completion.size(1)
-        labels = input_ids.masked_fill(attention == 0, -100)
-        labels[:, :-keep] = -100
+        input_ids, attention, labels, completion_mask = _row_batch(part, pad_id)
+        keep = completion_mask.size(1)
         with autocast or contextlib.nullcontext():
             lp = model(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True).log_probs
         lp = lp[:, -keep:]
@@ -232,6 +232,58 @@ def packed_update(model, samples, groups, budget: int, pad_id: int, score: str =
         for i, v in enumerate(per_sample_logprobs(lp.detach().float(), inputs, len(samples))):
             got[i] += v
     return got, loss_sum, forwarded
+
+
+def rows_score(model, samples, pad_id: int, rows: int = 0) -> list:
+    """The no-gradient pass over padded rows (TRL's reference / old-policy log-probabilities, fp32)."""
+    import torch
+
+    with torch.no_grad():
+        out = []
+        for start in range(0, len(samples), rows or len(samples)):
+            part = samples[start:start + (rows or len(samples))]
+            out += _rows_logprobs(model, part, pad_id)
+        return out
+
+
+def _rows_logprobs(model, part, pad_id: int) -> list:
+    input_ids, attention, labels, completion_mask = _row_batch(part, pad_id)
+    keep = completion_mask.size(1)
+    lp = model(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True).log_probs[:, -keep:]
+    return [row[: len(s[1])].tolist() for row, s in zip(lp, part, strict=True)]
+
+
+def _row_batch(part, pad_id: int):
+    """TRL's layout of samples as rows: prompts padded left, completions right; labels only on completions.
+    Returns (input_ids, attention_mask, labels, completion_mask)."""
+    import torch
+    from trl.trainer.utils import pad
+
+    prompt = pad([torch.tensor(s[0]) for s in part], padding_value=pad_id, padding_side="left")
+    prompt_mask = pad([torch.ones(len(s[0]), dtype=torch.long) for s in part], padding_value=0, padding_side="left")
+    completion = pad([torch.tensor(s[1]) for s in part], padding_value=pad_id, padding_side="right")
+    completion_mask = pad([torch.ones(len(s[1]), dtype=torch.long) for s in part], padding_value=0, padding_side="right")
+    input_ids = torch.cat([prompt, completion], 1)
+    attention = torch.cat([prompt_mask, completion_mask], 1)
+    labels = input_ids.masked_fill(attention == 0, -100)
+    labels[:, :-completion.size(1)] = -100
+    return input_ids, attention, labels, completion_mask
+
+
+def packed_score(model, samples, groups, budget: int, pad_id: int, autocast=None, attn: str | None = None) -> list:
+    """The no-gradient pass packed, as the trainer's ``_packed_scores``: trained positions only."""
+    import torch
+
+    from atommem_rl.training.packing import microbatch_inputs, packed_logprobs, per_sample_logprobs, plan_microbatches, tree_samples
+
+    got: list[list[float]] = [[] for _ in samples]
+    with torch.no_grad(), autocast or contextlib.nullcontext():
+        for row in plan_microbatches(tree_samples(samples, groups), budget):
+            inputs = microbatch_inputs(row, pad_id)
+            lp = packed_logprobs(model, inputs, attn_implementation=attn)
+            for i, v in enumerate(per_sample_logprobs(lp.float(), inputs, len(samples))):
+                got[i] += v
+    return got
 
 
 def adam_first_step_figures(weights, g_a, g_b, lr: float, eps: float = 1e-8, prefix: str = "adam") -> dict:
@@ -329,6 +381,11 @@ def main(args) -> int:
     bf16_ctx = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
 
     def run(variant: str):
+        if variant == "score_rows":
+            return rows_score(model, samples, pad_id, args.baseline_rows)
+        if variant.startswith("score_packed"):
+            return packed_score(model, samples, groups, args.max_tokens, pad_id, attn=attn,
+                                autocast=bf16_ctx() if variant.endswith("bf16") else None)
         if variant == "baseline":
             return baseline_update(model, samples, pad_id, args.baseline_rows)
         score = "all" if variant == "packed_all" else "trained"
@@ -373,24 +430,35 @@ def main(args) -> int:
         del g_bf16, g_rows
     del weights
 
-    times: dict[str, list[float]] = {v: [] for v in variants}
+    scoring = []
+    score_fig = {}
+    if args.scoring:  # the no-gradient pass: exactness in fp32, then timed with the update variants
+        scoring = ["score_rows", "score_packed"] + (["score_packed_bf16"] if bf16 else [])
+        a, b = run("score_rows"), run("score_packed")
+        score_fig["score_max_logprob_diff"] = max((abs(x - y) for r1, r2 in zip(a, b, strict=True)
+                                                  for x, y in zip(r1, r2, strict=True)), default=0.0)
+    times: dict[str, list[float]] = {v: [] for v in variants + scoring}
     for r in range(args.repeats):
-        for v in variants:  # alternating: each round runs every variant once, in turn
+        for v in variants + scoring:  # alternating: each round runs every variant once, in turn
             t = time.perf_counter()
             run(v)
             times[v].append(time.perf_counter() - t)
             model.zero_grad(set_to_none=True)
         print(f"bench update: round {r + 1}/{args.repeats}: "
-              + ", ".join(f"{v} {times[v][-1]:.2f} s" for v in variants), file=sys.stderr, flush=True)
+              + ", ".join(f"{v} {times[v][-1]:.2f} s" for v in variants + scoring), file=sys.stderr, flush=True)
     med = {v: statistics.median(ts) for v, ts in times.items()}
     best = min((v for v in variants if v != "baseline"), key=med.get)
+    if scoring:
+        fastest = min(scoring[1:], key=med.get)
+        score_fig.update({"score_rows_s": round(med["score_rows"], 3), "score_packed_s": round(med[fastest], 3),
+                          "score_speedup": round(med["score_rows"] / med[fastest], 2), "score_variant": fastest})
     raw = sum(len(s[0]) + len(s[1]) for s in samples)
     width = max(len(s[0]) for s in samples) + max(len(s[1]) for s in samples)
     out = {
         "samples": len(samples), "raw_tokens": raw, "forwarded_tokens": forwarded,
         "packing_ratio": round(raw / forwarded, 3), "baseline_s": round(med["baseline"], 3),
         "packed_s": round(med[best], 3), "speedup": round(med["baseline"] / med[best], 2),
-        "max_logprob_diff": max_diff, "grad_cosine": cosine, **bf16_fig, **adam_fig, "lr": args.lr,
+        "max_logprob_diff": max_diff, "grad_cosine": cosine, **bf16_fig, **adam_fig, **score_fig, "lr": args.lr,
         "dtype": "bfloat16" if best == "packed_bf16" else "float32",
         "packed_variant": best, "padded_tokens": width * len(samples) if not args.baseline_rows else None,
         "completion_tokens": sum(len(s[1]) for s in samples), "episodes": args.episodes,
@@ -400,6 +468,8 @@ def main(args) -> int:
         "gradient_checkpointing": args.gradient_checkpointing == "on", "torch_threads": torch.get_num_threads(), "load_average": os.getloadavg(),
         "variants": {v: {"median_s": round(med[v], 3), "speedup": round(med["baseline"] / med[v], 2),
                          "runs_s": [round(t, 3) for t in times[v]]} for v in variants},
+        **({"scoring": {v: {"median_s": round(med[v], 3), "runs_s": [round(t, 3) for t in times[v]]}
+                        for v in scoring}} if scoring else {}),
     }
     if args.json:
         print(json.dumps(out))
@@ -418,4 +488,8 @@ def main(args) -> int:
                  f"fp32 rows: {adam_fig['adam_rows_bf16_served_bf16_differ']}" if bf16_fig else ""))
         for v in variants:
             print(f"  {v}: median {med[v]:.3f} s ({out['variants'][v]['speedup']}x)")
+        if scoring:
+            print(f"  no-gradient scoring pass: rows {score_fig['score_rows_s']} s, packed ({score_fig['score_variant']}) "
+                  f"{score_fig['score_packed_s']} s: {score_fig['score_speedup']}x; fp32 max log-prob diff "
+                  f"{score_fig['score_max_logprob_diff']:.2e}")
     return 0

@@ -116,6 +116,8 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "into prefix tries (TRL's TreeRow) of at most this many unique tokens per forward/backward, a sample "
                 "in the micro-batch that holds its group (task, step); the loss is TRL's, with the same global "
                 "token normalisation. Every rank runs the same number of packed micro-batches (empty ones pad). "
+                "The no-gradient passes a step may make (reference log-probabilities for beta > 0, old-policy ones "
+                "for vLLM's importance-sampling correction or several updates per generation) are packed too. "
                 "0: TRL's padded rows, cut by row counts (the recorded runs). Needs loss_type dapo, cispo or vespo; "
                 "one process or DDP (not DeepSpeed or FSDP yet)."})
     loss_weighting: str = field(default="token", metadata={
@@ -407,22 +409,12 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         any rank (and at least steps_per_generation), then dealt in order to the micro-steps: micro-step j
         gets the same number of them on every rank. Each carries the row tensors of its samples for
         TRL's loss (``rows``) and its packed layout (``packed``)."""
-        from .packing import microbatch_inputs, pad_microbatches, plan_microbatches, tree_samples
+        from .packing import microbatch_inputs, pad_microbatches
 
         spg = self.args.steps_per_generation
-        trained = (output["completion_mask"].sum(dim=1) > 0).tolist()
-        pick = [i for i, t in enumerate(trained) if t]
         pad_id = self._tokenizer.pad_token_id
         lengths = output["completion_mask"].size(1)
-        samples = []
-        for i in pick:
-            prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
-            n = int(output["completion_mask"][i].sum())
-            samples.append((prompt, output["completion_ids"][i][:n].tolist(), None, 1.0))
-        tree = tree_samples(samples, [self._sample_meta[i][1] for i in pick])
-        for s, i in zip(tree, pick, strict=True):
-            s["index"] = i
-        plan = plan_microbatches(tree, self.args.max_tokens_per_microbatch)
+        plan = self._plan_trained_rows(output)
         count = max(len(plan), spg)
         if self.accelerator.num_processes > 1:
             count = int(self.accelerator.gather(torch.tensor([count], device=self.accelerator.device)).max())
@@ -457,6 +449,45 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["packing/microbatches"].append(float(count))
         return [{"packed_microbatches": ms, "advantages": torch.cat([m["rows"]["advantages"] for m in ms])}
                 for ms in per_step]
+
+    def _plan_trained_rows(self, output: dict[str, Any]) -> list:
+        """The rows of a generation batch that carry trained tokens, folded into TRL ``TreeRow``s of at most
+        ``max_tokens_per_microbatch`` unique tokens, each sample dict's ``index`` its row in ``output``."""
+        from .packing import plan_microbatches, tree_samples
+
+        pick = [i for i, t in enumerate((output["completion_mask"].sum(dim=1) > 0).tolist()) if t]
+        samples = []
+        for i in pick:
+            prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
+            n = int(output["completion_mask"][i].sum())
+            samples.append((prompt, output["completion_ids"][i][:n].tolist(), None, 1.0))
+        tree = tree_samples(samples, [self._sample_meta[i][1] for i in pick])
+        for s, i in zip(tree, pick, strict=True):
+            s["index"] = i
+        return plan_microbatches(tree, self.args.max_tokens_per_microbatch)
+
+    def _packed_scores(self, output: dict[str, Any], model, adapter_context=None) -> torch.Tensor:
+        """Per-token log-probabilities (rows x completion positions; 0 where no token is trained) of the
+        generation batch's trained tokens under ``model`` without gradients, from packed forwards under the
+        token budget: what TRL's padded-row pass computes for the old-policy (importance-sampling correction)
+        and reference (KL) log-probabilities, at the packed update's cost and numerics (the same autocast).
+        No collective runs (the unwrapped model, no gradients), so ranks may run different numbers of them."""
+        from .packing import microbatch_inputs, packed_logprobs
+
+        mask = output["completion_mask"]
+        logps = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        inner = self.accelerator.unwrap_model(model)
+        pad_id = self._tokenizer.pad_token_id
+        with torch.no_grad(), self.accelerator.autocast(), (adapter_context or contextlib.nullcontext()):
+            for row in self._plan_trained_rows(output):
+                packed = microbatch_inputs(row, pad_id, mask.device)
+                lp = packed_logprobs(inner, packed, temperature=self.temperature)
+                seg = packed["segment_id"]  # each loss term's sample in the row; a sample's terms are consecutive
+                starts = torch.cumsum(torch.bincount(seg, minlength=len(row.samples)), 0)
+                starts = torch.cat([starts.new_zeros(1), starts[:-1]])
+                position = torch.arange(seg.numel(), device=seg.device) - starts[seg]
+                logps.index_put_((packed["sample_index"], position), lp.float())
+        return logps
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **kwargs):
@@ -545,16 +576,30 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             raise RuntimeError("vLLM returned no sampling log-probabilities, which the importance-sampling "
                                "correction needs (vllm_importance_sampling_correction: false turns it off)")
         generate_every = self.args.steps_per_generation * self.num_iterations
+        # a packed update scores these passes packed too (same numerics as its loss, unique tokens only)
+        packed = mode == "train" and bool(getattr(self.args, "max_tokens_per_microbatch", 0)) and self.model.training
         with torch.no_grad():
             if self.args.gradient_accumulation_steps % generate_every != 0 or is_correction:
-                output["old_per_token_logps"], _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, input_ids, attention, keep, batch_size=batch_size)
+                output["old_per_token_logps"] = (
+                    self._packed_scores(output, self.model) if packed else self._get_per_token_logps_and_entropies(
+                        self.model, input_ids, attention, keep, batch_size=batch_size)[0])
             if self.beta != 0.0:
-                output["ref_per_token_logps"] = self._ref_logps(input_ids, attention, keep, batch_size)
+                output["ref_per_token_logps"] = (self._packed_ref_logps(output) if packed else
+                                                 self._ref_logps(input_ids, attention, keep, batch_size))
         if is_correction:
             output["importance_sampling_ratio"] = importance_sampling_ratio(
                 output["old_per_token_logps"], sampling, completion_mask, self.vllm_importance_sampling_mode,
                 self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max)
+
+    def _packed_ref_logps(self, output: dict[str, Any]) -> torch.Tensor:
+        """:meth:`_ref_logps` from packed forwards (:meth:`_packed_scores`)."""
+        if self.ref_model is not None:
+            return self._packed_scores(output, self.ref_model)
+        from trl.trainer.utils import use_adapter
+
+        model = self.accelerator.unwrap_model(self.model)
+        return self._packed_scores(output, self.model, adapter_context=use_adapter(
+            model, adapter_name="ref" if "ref" in model.peft_config else None))
 
     def _ref_logps(self, input_ids, attention, keep, batch_size):
         if self.ref_model is not None:

@@ -39,7 +39,10 @@ keeps each row's (episode, group); ``_pack_generation_batch`` plans the trained 
 :func:`plan_microbatches`, pads to the largest count of any rank (and rows per micro-batch to the largest,
 since TRL's loss gathers per-row metrics) and deals the micro-batches to the micro-steps; TRL's own
 ``_compute_loss`` then runs per packed micro-batch, its per-token log-probabilities from
-:func:`packed_logprobs` (through the DDP wrapper's forward when there is one). :func:`grpo_loss` and
+:func:`packed_logprobs` (through the DDP wrapper's forward when there is one). The step's no-gradient
+passes (reference log-probabilities for the KL term, old-policy ones for the importance-sampling
+correction) run packed as well (``_packed_scores``: the unwrapped model, no collective), laid out as TRL's
+rows so its loss reads them unchanged. :func:`grpo_loss` and
 :func:`token_weights` are the by-hand references (bench, tests); the trainer's episode weighting scales
 the advantages instead (``_episode_scale``).
 """
