@@ -120,7 +120,7 @@ def make_policy(name: str, **kw) -> Policy:
 def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None = None, *,
                  batch_size: int = 8, seed: int = 0, record_prompts: bool = True,
                  on_episode=None, retries: int = 3, retry_backoff: float = 2.0, max_backoff: float = 30.0,
-                 keep_memory: bool = False) -> list[dict]:
+                 keep_memory: bool = False, replay: dict | None = None) -> list[dict]:
     """Run one episode per task; returns the trajectories (also passed to ``on_episode`` as they end).
 
     Store outages (``StoreUnavailableError``: the Chroma server went away) fail the affected episode's
@@ -131,6 +131,12 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
     *skipped*: its record has ``skipped: True`` and no outcome. While the server is down no new task
     is opened unless nothing else is pending. ``keep_memory`` keeps every episode's namespace in
     Chroma (its name is in the record) instead of dropping it when the episode ends.
+
+    ``replay`` forks episodes: ``{key: {"seed": s, "actions": [...]}}`` resets task ``key``'s environment
+    with seed ``s`` (instead of ``seed + key``) and applies the recorded ``actions`` before the policy acts,
+    so the episode continues from the exact state another episode reached after them (the environment is
+    deterministic for a seed and an action sequence). Replayed steps are recorded with ``"replayed": True``
+    and count in the return; the policy is asked only from the first step after them.
     """
     if retries < 0 or retry_backoff < 0:
         raise ValueError("retries and retry_backoff must be non-negative")
@@ -217,8 +223,9 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
     def open_episode(key: int, task: Task, attempt: int) -> None:
         rec = new_record(task, attempt)
         env = make_env(task, **env_config)  # a configuration error raises here: the caller's bug
-        try:
-            started = start_episode(env, policy, key, task, seed + key)  # a retry replays the same episode
+        fork = replay.get(key) if replay else None
+        try:  # a retry replays the same episode
+            started = start_episode(env, policy, key, task, fork["seed"] if fork else seed + key)
         except StoreUnavailableError as exc:
             fail(key, task, attempt, env, exc, step=0)
             return
@@ -229,6 +236,38 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
         rec["namespace"] = env.store.namespace if env.store is not None else None
         active[key] = {"env": env, "obs": obs, "info": info, "rec": rec, "return": 0.0, "task": task,
                        "attempt": attempt}
+        for action in (fork or {}).get("actions", []):
+            if key not in active or not apply(key, action, replayed=True):
+                return
+
+    def apply(key: int, action, replayed: bool = False) -> bool:
+        """Step episode ``key`` with ``action`` and record the step; False once the episode is over."""
+        st = active[key]
+        try:
+            obs, reward, terminated, truncated, info = st["env"].step(action)
+        except StoreUnavailableError as exc:  # the server went away: retry the episode later
+            fail(key, st["task"], st["attempt"], st["env"], exc, step=len(st["rec"]["steps"]))
+            return False
+        except Exception:  # noqa: BLE001 - a crash is a finding, recorded and counted
+            st["rec"]["crashed"] = True
+            st["rec"]["traceback"] = traceback.format_exc()
+            close(key, None)
+            return False
+        st["return"] += reward
+        st["rec"]["steps"].append({
+            "phase": st["info"].get("phase"),
+            "prompt": st["obs"] if record_prompts else None,
+            "completion": action,
+            "reward": reward,
+            "results": info.get("results"),
+            "prompt_tokens": st["info"].get("prompt_tokens"),
+            **({"replayed": True} if replayed else {}),
+        })
+        st["obs"], st["info"] = obs, info
+        if terminated or truncated:
+            close(key, info)
+            return False
+        return True
 
     def close(key: int, info: dict | None) -> None:
         st = active.pop(key)
@@ -286,29 +325,7 @@ def run_rollouts(tasks: Iterable[Task], policy: Policy, env_config: dict | None 
                 st["rec"]["memory"] = st["env"].memory_snapshot() if record_prompts else None
                 crash(k, st["rec"], st["env"], action.traceback)
                 continue
-            st = active[k]
-            try:
-                obs, reward, terminated, truncated, info = st["env"].step(action)
-            except StoreUnavailableError as exc:  # the server went away: retry the episode later
-                fail(k, st["task"], st["attempt"], st["env"], exc, step=len(st["rec"]["steps"]))
-                continue
-            except Exception:  # noqa: BLE001 - a crash is a finding, recorded and counted
-                st["rec"]["crashed"] = True
-                st["rec"]["traceback"] = traceback.format_exc()
-                close(k, None)
-                continue
-            st["return"] += reward
-            st["rec"]["steps"].append({
-                "phase": st["info"].get("phase"),
-                "prompt": st["obs"] if record_prompts else None,
-                "completion": action,
-                "reward": reward,
-                "results": info.get("results"),
-                "prompt_tokens": st["info"].get("prompt_tokens"),
-            })
-            st["obs"], st["info"] = obs, info
-            if terminated or truncated:
-                close(k, info)
+            apply(k, action)
     return done
 
 

@@ -72,7 +72,9 @@ GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 # SEED: GRPO's trainer seed (task order and rollout sampling; default 0, the recorded runs'). BETA: the KL
 # coefficient against the SFT checkpoint (default 0, as AtomMem; with beta > 0 every step updates, the KL
 # term alone on a step whose episodes all scored the same, so no step is held). TRAIN_ONLY=1: stop after
-# GRPO (no held-out evaluation; scripts/confirm_heldout.py --also evaluates several such runs at once)
+# GRPO (no held-out evaluation; scripts/confirm_heldout.py --also evaluates several such runs at once).
+# FORKS=K: step-level credit from K forks of every episode at its answer phase (fork_credit,
+# atommem_rl/training/fork_credit.py; default 0: the terminal reward's advantage on every step)
 G=${GROUP:-8}
 # TASKS groups per step (default 1). With more than one, the samples of groups whose episodes all scored
 # the same are dropped before TRL shuffles the batch and cuts it into TASKS micro-batches (drop_zero_advantage),
@@ -85,7 +87,7 @@ for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_E
           max_steps=${GRPO_STEPS:-16} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
           learning_rate=${GRPO_LR:-2e-5} temperature=${TEMPERATURE:-0.8} max_completion_length=224 \
           hold_on_zero_advantage=${HOLD:-true} max_tokens_per_microbatch=$PACK auto_bf16=$BF16 bf16=false \
-          seed=${SEED:-0} beta=${BETA:-0.0} "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
+          seed=${SEED:-0} beta=${BETA:-0.0} fork_credit=${FORKS:-0} "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
   sets+=(--grpo-set "$kv")
 done
 # training, then the evaluation in a fresh process. vLLM on CPU sizes its KV cache as the utilization share

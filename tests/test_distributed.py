@@ -78,8 +78,8 @@ DRIVER = str(REPO / "tests/multirank/scripted_returns.py")
 
 
 def stage_args(stage: str, model: Path, out: Path, per_device: int, tasks: Path) -> list[str]:
-    extra = ["--critic_epochs", "0"] if stage == "ppo" else []
-    return [stage, *extra, "--model_name_or_path", str(model), "--output_dir", str(out), "--use_cpu", "true",
+    extra = {"ppo": ["--critic_epochs", "0"], "grpo_forks": ["--fork_credit", "2"]}.get(stage, [])
+    return [stage.split("_")[0], *extra, "--model_name_or_path", str(model), "--output_dir", str(out), "--use_cpu", "true",
             "--bf16", "false", "--report_to", "none", "--gradient_checkpointing", "false", "--learning_rate", "1e-3",
             "--max_steps", str(STEPS), "--save_steps", str(STEPS), "--logging_steps", "1", "--seed", "0",
             "--tasks", str(tasks), "--per_device_train_batch_size", str(per_device), "--num_generations", "2",
@@ -106,7 +106,9 @@ EXACT = ("episode/steps", "tokens/completion_per_step", "tools/errors_per_step",
 # accelerate 1.15 runs as ONE process, so the "2-process" run was one process on half the batch; GRPO
 # passed, most likely because equal rewards made that step's advantages, and so its update, zero.
 # tests/test_recipes.py now checks that two ranks start.)
-@pytest.mark.parametrize("stage", ["grpo", "ppo"])
+# grpo_forks: fork_credit (training/fork_credit.py) adds fork rounds after the episodes, and a rank with more
+# episodes has more forks to roll out: the ranks must still take part in the same number of rounds
+@pytest.mark.parametrize("stage", ["grpo", "ppo", "grpo_forks"])
 def test_two_gloo_processes_agree_with_one(stage, tiny, uneven_tasks, tmp_path):
     import torch
     from safetensors.torch import load_file
@@ -130,6 +132,8 @@ def test_two_gloo_processes_agree_with_one(stage, tiny, uneven_tasks, tmp_path):
 
     h1, h2 = history(one), history(two)
     assert set(h1) == set(h2) == set(range(1, STEPS + 1))
+    if stage == "grpo_forks":  # every episode reached its answer phase and was forked twice
+        assert h1[1]["fork/rollouts"] == h2[1]["fork/rollouts"] == 2 * len(eps[0])
     assert h1[1]["skipped_zero_advantage"] == h2[1]["skipped_zero_advantage"] == 0.0
     for s in h1:
         for k, v in h1[s].items():

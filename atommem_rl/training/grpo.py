@@ -120,6 +120,12 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "for vLLM's importance-sampling correction or several updates per generation) are packed too. "
                 "0: TRL's padded rows, cut by row counts (the recorded runs). Needs loss_type dapo, cispo or vespo; "
                 "one process or DDP (not DeepSpeed or FSDP yet)."})
+    fork_credit: int = field(default=0, metadata={
+        "help": "Step-level credit from K forked episodes per episode (training/fork_credit.py): each episode's "
+                "state at its answer phase is rebuilt by replaying its actions and answered K more times; steps "
+                "before the answer phase get the value of the memory they built against the group's (Monte Carlo, "
+                "K + 1 answers), answer steps their return against the forks' mean. 0: GRPO's terminal advantage "
+                "for every step. Needs scale_rewards none; GRPO only."})
     loss_weighting: str = field(default="token", metadata={
         "help": "token: every trained token of the generation batch weighs the same (TRL's dapo global token "
                 "mean; an episode weighs as many tokens as it produced); episode: every episode weighs the same "
@@ -148,6 +154,11 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
             self.max_tokens_per_microbatch = 0
         if self.max_tokens_per_microbatch < 0 or self.max_tokens_per_microbatch == 1:
             raise ValueError(f"max_tokens_per_microbatch must be 0 (off) or at least 2, got {self.max_tokens_per_microbatch}")
+        if self.fork_credit < 0:
+            raise ValueError(f"fork_credit must be >= 0, got {self.fork_credit}")
+        if self.fork_credit and self.scale_rewards != "none":
+            raise ValueError("fork_credit needs scale_rewards none (its advantages are differences of returns and "
+                             f"Monte Carlo values, not scaled by a group std), got {self.scale_rewards!r}")
         if self.loss_weighting not in ("token", "episode"):
             raise ValueError(f"loss_weighting must be token or episode, got {self.loss_weighting!r}")
 
@@ -313,8 +324,37 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         # retries has a record without steps: it scores 0 and gives no samples
         by_key = {r["key"]: r for r in finished}
         recs = [by_key[k] for k in range(len(tasks))]
+        self._forks = None
+        if getattr(self.args, "fork_credit", 0) and self.model.training:
+            self._forks = self._run_forks(tasks, recs, seed)
         # a step that crashed the environment has no trajectory record: it is not a sample
         return recs, [policy.steps.get(k, [])[: len(by_key[k]["steps"])] for k in range(len(tasks))]
+
+    def _run_forks(self, tasks: list[Task], recs: list[dict], seed: int) -> tuple[list, list]:
+        """``fork_credit``: K forks of every episode from its answer phase (training/fork_credit.py), generated in
+        rounds every rank joins (a rank without forks drains). Returns (V_e or None, fork point or None) per
+        local episode."""
+        from .fork_credit import fork_plan, fork_point, fork_values
+
+        forks = int(self.args.fork_credit)
+        owners, replay = fork_plan(recs, forks, seed)
+        # fork sampling seeds apart from the episodes' own (a TrainerPolicy seeds step s of key k with mix(seed + k, s))
+        policy = TrainerPolicy(self, seed + 7_919_000_003)
+        done = run_rollouts([tasks[k] for k in owners], policy, {"tokenizer": self.processing_class, **self.env_config},
+                            batch_size=max(1, self.rollout_batch_size or len(owners)), seed=seed,
+                            record_prompts=False, replay=replay)
+        policy.drain()
+        by_key = {r["key"]: float(r.get("return", 0.0)) for r in done}
+        values = fork_values(owners, [by_key.get(i, 0.0) for i in range(len(owners))], len(recs))
+        local = torch.tensor([float(len(owners)), float(sum(by_key.values())), float(sum(v is not None for v in values))],
+                             device=self.accelerator.device)
+        total = self.accelerator.gather(local).view(-1, 3).sum(0).tolist()
+        m = self._metrics["train"]
+        m["fork/rollouts"].append(total[0])
+        m["fork/episodes_forked"].append(total[2])
+        if total[0]:
+            m["fork/return"].append(total[1] / total[0])
+        return values, [fork_point(r.get("steps") or []) if v is not None else None for r, v in zip(recs, values)]
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         device = self.accelerator.device
@@ -659,8 +699,20 @@ class StepwiseGRPOTrainer(GRPOTrainer):
 
     def _advantages(self, recs: list[dict], episodes: list[list[tuple]], all_returns: torch.Tensor,
                     group: int) -> list[float | list[float]]:
-        """One advantage per local episode: group-relative over all processes' returns (GRPO).
-        PPO overrides this with per-step GAE from a critic."""
+        """One advantage per local episode: group-relative over all processes' returns (GRPO); with
+        ``fork_credit`` one per step (training/fork_credit.py). PPO overrides this with per-step GAE from a critic."""
+        if getattr(self, "_forks", None) is not None:
+            from .fork_credit import pooled_values, step_advantages
+
+            values, points = self._forks
+            returns = [float(r.get("return", 0.0)) for r in recs]
+            pooled = torch.tensor(pooled_values(returns, values, int(self.args.fork_credit)), dtype=torch.float32,
+                                  device=all_returns.device)
+            grouped = self.accelerator.gather(pooled).view(-1, group)
+            baseline = grouped.mean(dim=1, keepdim=True).expand_as(grouped).reshape(-1)
+            i0 = self.accelerator.process_index * len(recs)
+            return step_advantages(returns, values, points, [len(s) for s in episodes],
+                                   baseline[i0: i0 + len(recs)].tolist(), int(self.args.fork_credit))
         all_adv = group_advantages(all_returns, group, self.scale_rewards)
         i0 = self.accelerator.process_index * len(recs)
         return all_adv[i0 : i0 + len(recs)].tolist()

@@ -74,6 +74,8 @@ class PPORecipeConfig(GRPORecipeConfig):
         super().__post_init__()
         if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
             raise ValueError("gamma and lam must be in [0, 1]")
+        if self.fork_credit:
+            raise ValueError("fork_credit is GRPO's step-level credit; PPO's comes from its critic (GAE): set fork_credit: 0")
         if self.critic_epochs < 0 or self.critic_batch_size < 1 or self.critic_max_tokens < 1:
             raise ValueError("critic_epochs must be >= 0, critic_batch_size and critic_max_tokens >= 1")
 
