@@ -449,7 +449,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         any rank (and at least steps_per_generation), then dealt in order to the micro-steps: micro-step j
         gets the same number of them on every rank. Each carries the row tensors of its samples for
         TRL's loss (``rows``) and its packed layout (``packed``)."""
-        from .packing import microbatch_inputs, pad_microbatches
+        from .packing import microbatch_inputs, pad_microbatches, term_positions
 
         spg = self.args.steps_per_generation
         pad_id = self._tokenizer.pad_token_id
@@ -477,10 +477,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             rows["advantages"] = torch.where(real, rows["advantages"], torch.zeros_like(rows["advantages"]))
             packed = microbatch_inputs(row, pad_id, device)
             # each loss term's (row in ``rows``, completion position): a sample's terms are consecutive
-            seg = packed["segment_id"]
-            starts = torch.cumsum(torch.bincount(seg, minlength=max(len(row.samples), 1)), 0)
-            starts = torch.cat([starts.new_zeros(1), starts[:-1]])
-            packed["term_at"] = (seg, torch.arange(seg.numel(), device=seg.device) - starts[seg])
+            packed["term_at"] = (packed["segment_id"], term_positions(packed, len(row.samples)))
             packed["shape"] = (len(idx), lengths)
             micro.append({"rows": rows, "packed": packed})
         per_step = [micro[j * count // spg:(j + 1) * count // spg] for j in range(spg)]
@@ -512,7 +509,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         token budget: what TRL's padded-row pass computes for the old-policy (importance-sampling correction)
         and reference (KL) log-probabilities, at the packed update's cost and numerics (the same autocast).
         No collective runs (the unwrapped model, no gradients), so ranks may run different numbers of them."""
-        from .packing import microbatch_inputs, packed_logprobs
+        from .packing import microbatch_inputs, packed_logprobs, term_positions
 
         mask = output["completion_mask"]
         logps = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
@@ -522,11 +519,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             for row in self._plan_trained_rows(output):
                 packed = microbatch_inputs(row, pad_id, mask.device)
                 lp = packed_logprobs(inner, packed, temperature=self.temperature)
-                seg = packed["segment_id"]  # each loss term's sample in the row; a sample's terms are consecutive
-                starts = torch.cumsum(torch.bincount(seg, minlength=len(row.samples)), 0)
-                starts = torch.cat([starts.new_zeros(1), starts[:-1]])
-                position = torch.arange(seg.numel(), device=seg.device) - starts[seg]
-                logps.index_put_((packed["sample_index"], position), lp.float())
+                logps.index_put_((packed["sample_index"], term_positions(packed, len(row.samples))), lp.float())
         return logps
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,

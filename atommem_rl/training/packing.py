@@ -154,6 +154,15 @@ def microbatch_inputs(row: TreeRow, pad_token_id: int, device: torch.device | st
     return out
 
 
+def term_positions(inputs: dict[str, Any], n_samples: int) -> torch.Tensor:
+    """Each loss term's completion position within its sample (a sample's terms are consecutive, in completion
+    order): with ``segment_id`` (the term's sample in the row) it places a term in TRL's rows x positions layout."""
+    seg = inputs["segment_id"]
+    starts = torch.cumsum(torch.bincount(seg, minlength=max(n_samples, 1)), 0)
+    starts = torch.cat([starts.new_zeros(1), starts[:-1]])
+    return torch.arange(seg.numel(), device=seg.device) - starts[seg]
+
+
 def tree_kwargs(inputs: dict[str, Any]) -> dict[str, Any]:
     """The keyword arguments tree attention reads (TRL's names), from :func:`microbatch_inputs`."""
     max_q, max_k = inputs["tree_max_seqlens"].tolist()
