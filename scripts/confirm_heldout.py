@@ -12,7 +12,9 @@ every checkpoint is evaluated under the first run's settings.
         --seed 6000 --tasks 256 --backend vllm [--batch-size 64]
 
 Writes RUN/confirm-SEED/ (the evaluation's metrics.json, trajectories.jsonl, report) and
-RUN/confirm-SEED/paired.json; rerunning resumes a killed evaluation.
+RUN/confirm-SEED/paired.json; rerunning resumes a killed evaluation. ``--out DIR`` writes elsewhere, so runs
+added later are evaluated on the same tasks without overwriting an earlier confirmation (the SFT and RUN's
+GRPO checkpoint are evaluated again there: greedy decoding, so they repeat the earlier figures).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=6000, help="seed of the fresh held-out tasks (default 6000)")
     p.add_argument("--tasks", type=int, default=256, help="fresh held-out tasks (default 256)")
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default RUN/confirm-SEED)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="episodes in flight per generate call (default: the run's evaluation setting, 8); "
                         "throughput only: vLLM batches all of them in one call")
@@ -74,7 +77,7 @@ def main() -> int:
     grpo_tasks = data["settings"]["tasks"]["grpo"]
     tasks = load_train_tasks(TaskSource(**{**grpo_tasks, "tasks": None, "synth_tasks": args.tasks,
                                            "synth_seed": args.seed}))
-    out = args.run / f"confirm-{args.seed}"
+    out = args.out or args.run / f"confirm-{args.seed}"
     out.mkdir(parents=True, exist_ok=True)
     save_tasks(tasks, out / "heldout.jsonl")
 

@@ -159,16 +159,17 @@ def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
     confirm = [sys.executable, str(REPO / "scripts" / "confirm_heldout.py"), str(out), "--tasks", "2"]
     same = subprocess.run(confirm + ["--seed", "1000"], capture_output=True, text=True)  # the run's own seed
     assert same.returncode != 0 and "own held-out seed" in same.stderr
-    done = subprocess.run(confirm + ["--seed", "7", "--also", f"twin={out}", "--batch-size", "1"],
-                          capture_output=True, text=True)
+    done = subprocess.run(confirm + ["--seed", "7", "--also", f"twin={out}", "--batch-size", "1",
+                                     "--out", str(out / "c7")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads((out / "confirm-7" / "metrics.json").read_text())["settings"]["batch_size"] == 1
-    paired = json.loads((out / "confirm-7" / "paired.json").read_text())
+    assert not (out / "confirm-7").exists()  # --out: written there, not in RUN/confirm-SEED
+    assert json.loads((out / "c7" / "metrics.json").read_text())["settings"]["batch_size"] == 1
+    paired = json.loads((out / "c7" / "paired.json").read_text())
     assert {"checkpoint:sft", "checkpoint:grpo", "checkpoint:twin"} <= set(paired)
     assert paired["grpo - sft"]["em"]["n"] == paired["twin - sft"]["em"]["n"] == 2
     assert paired["twin - sft"] == paired["grpo - sft"]  # the same checkpoint, greedy: the same answers
     assert all(t.startswith("synth-doc-7-") for t in
-               (json.loads(x)["id"] for x in (out / "confirm-7" / "heldout.jsonl").read_text().splitlines()))
+               (json.loads(x)["id"] for x in (out / "c7" / "heldout.jsonl").read_text().splitlines()))
     assert "GRPO - SFT" in done.stdout
 
     # tool ablations of the trained policy on the run's own held-out tasks (scripts/ablate_policy.py)
