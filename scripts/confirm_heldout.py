@@ -14,8 +14,9 @@ every checkpoint is evaluated under the first run's settings.
 Writes RUN/confirm-SEED/ (the evaluation's metrics.json, trajectories.jsonl, report) and
 RUN/confirm-SEED/paired.json; rerunning resumes a killed evaluation. ``--out DIR`` writes elsewhere, so runs
 added later are evaluated on the same tasks without overwriting an earlier confirmation (the SFT and RUN's
-GRPO checkpoint are evaluated again there, so every difference is paired within one evaluation; greedy vLLM on
-CPU repeated its earlier EM to within 1-2 tasks of 256, docs/BENCHMARKS.md).
+GRPO checkpoint are evaluated again there, so every difference is paired within one evaluation: greedy vLLM on
+CPU is not bit-reproducible, the same SFT checkpoint scored 0.301-0.320 EM over three evaluations of 256 tasks,
+docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
