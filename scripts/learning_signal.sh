@@ -25,8 +25,27 @@ OUT=${1:-checkpoints/learning_signal}
 [ $# -gt 0 ] && shift
 mkdir -p "$(dirname "$OUT")"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ANONYMIZED_TELEMETRY=False WANDB_MODE=${WANDB_MODE:-offline}
-ENV='{"chunk_tokens": 256, "max_prompt_tokens": 2048, "embedder": "hashing", "max_answer_steps": 1, "disable": "update,delete,relations"}'
-EASY=(synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$ENV")
+# SETTING=full: issue 19's full setting instead (scripts/full_setting_probe.sh's tasks on this script's fast stack):
+# every tool on (create, read, update, delete, label_relation, scratchpad), 4 documents, 2 questions and 2
+# confounders per question (current and temporal questions need the newer and the older fact), chunks of 128
+# tokens; SFT on the oracle's update demonstrations (supersede=update: update_memory rewrites a replaced fact,
+# delete_memory drops its duplicates) of 32 tasks (SFT_TASKS), max_length 4096; max_completion_length 352 (the
+# chunk-step demonstrations are up to 350 tokens)
+SETTING=${SETTING:-easy}
+case "$SETTING" in
+  easy)
+    ENV='{"chunk_tokens": 256, "max_prompt_tokens": 2048, "embedder": "hashing", "max_answer_steps": 1, "disable": "update,delete,relations"}'
+    TASK_SHAPE=(synth_docs=3 synth_questions=1 synth_confounders=0)
+    SFT_EXTRA=(synth_tasks=${SFT_TASKS:-16})
+    COMPLETION=224; SFT_DEFAULT_STEPS=24 ;;
+  full)
+    ENV='{"chunk_tokens": 128, "max_prompt_tokens": 3072, "embedder": "hashing", "max_answer_steps": 1}'
+    TASK_SHAPE=(synth_docs=4 synth_questions=2 synth_confounders=2)
+    SFT_EXTRA=(synth_tasks=${SFT_TASKS:-32} 'demo_policy_kwargs={"supersede": "update"}' max_length=4096)
+    COMPLETION=352; SFT_DEFAULT_STEPS=96 ;;
+  *) echo "SETTING must be easy or full, got $SETTING" >&2; exit 2 ;;
+esac
+EASY=("${TASK_SHAPE[@]}" "env_config=$ENV")
 PY=.venv/bin/python
 if [ -z "${BACKEND:-}" ]; then
   BACKEND=hf
@@ -63,7 +82,7 @@ PACK=${PACK:-8192}
 BF16=${BF16:-true}
 # SFT_BF16 (default BF16): SFT's alone, so GRPO with other levers can start from the same SFT phase
 sets=()
-for kv in "${EASY[@]}" synth_tasks=16 max_steps=${SFT_STEPS:-24} save_steps=8 auto_bf16=${SFT_BF16:-$BF16} bf16=false; do sets+=(--sft-set "$kv"); done
+for kv in "${EASY[@]}" "${SFT_EXTRA[@]}" max_steps=${SFT_STEPS:-$SFT_DEFAULT_STEPS} save_steps=8 auto_bf16=${SFT_BF16:-$BF16} bf16=false; do sets+=(--sft-set "$kv"); done
 GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 # ERROR_PENALTY=x (unset by default, so the recorded runs reproduce): GRPO's episodes lose x per step with a
 # failed tool call. A failed call changes nothing, so the task reward alone leaves them free; the sixth run
@@ -73,6 +92,9 @@ GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 # shown at answer time. The task reward alone let GRPO drift to fewer memories (2.5 -> 1.6 creates per
 # held-out episode, evidence recall 78 -> 62-64; docs/BENCHMARKS.md, issue 18 section)
 [ -n "${EVIDENCE_BONUS:-}" ] && GRPO_ENV=${GRPO_ENV%\}}', "evidence_bonus": '$EVIDENCE_BONUS'}'
+# RELATION_BONUS=x (unset by default): GRPO's episodes gain x times the accuracy of their relation labels
+# against the task's gold labels (ROAM's supervision as an auxiliary reward; full setting: labels are on there)
+[ -n "${RELATION_BONUS:-}" ] && GRPO_ENV=${GRPO_ENV%\}}', "relation_bonus": '$RELATION_BONUS'}'
 # SEED: GRPO's trainer seed (task order and rollout sampling; default 0, the recorded runs'). BETA: the KL
 # coefficient against the SFT checkpoint (default 0, as AtomMem; with beta > 0 every step updates, the KL
 # term alone on a step whose episodes all scored the same, so no step is held). TRAIN_ONLY=1: stop after
@@ -87,9 +109,9 @@ G=${GROUP:-8}
 T=${TASKS:-1}
 TASK_SETS=()
 [ "$T" -gt 1 ] && TASK_SETS=(drop_zero_advantage=true gradient_accumulation_steps=$T)
-for kv in synth_docs=3 synth_questions=1 synth_confounders=0 "env_config=$GRPO_ENV" synth_tasks=64 \
+for kv in "${TASK_SHAPE[@]}" "env_config=$GRPO_ENV" synth_tasks=64 \
           max_steps=${GRPO_STEPS:-16} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
-          learning_rate=${GRPO_LR:-2e-5} temperature=${TEMPERATURE:-0.8} max_completion_length=224 \
+          learning_rate=${GRPO_LR:-2e-5} temperature=${TEMPERATURE:-0.8} max_completion_length=$COMPLETION \
           hold_on_zero_advantage=${HOLD:-true} max_tokens_per_microbatch=$PACK auto_bf16=$BF16 bf16=false \
           seed=${SEED:-0} beta=${BETA:-0.0} fork_credit=${FORKS:-0} "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
   sets+=(--grpo-set "$kv")

@@ -148,7 +148,7 @@ def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
     assert markers["retrieval"]["result"]["strategies"][0]["questions"] > 0
     report = (out / "report.md").read_text()
     for text in ("## Phases", "## Training", "checkpoint:grpo", "recall@10", "eval/viewer.html", "training_curves.png",
-                 "GRPO informative steps", "- sft - base: EM", "Beyond noise: more than 2 standard errors"):
+                 "GRPO informative steps", "GRPO tool calls per environment step", "- sft - base: EM", "Beyond noise: more than 2 standard errors"):
         assert text in report, text
     assert (out / "training_curves.png").stat().st_size > 0
     top = json.loads((out / "metrics.json").read_text())

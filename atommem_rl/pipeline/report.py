@@ -8,6 +8,8 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
+from atommem_rl.eval.plots import read_training_ops
+
 from .stats import verdict
 
 
@@ -99,6 +101,16 @@ def write_quickstart_report(q, wall_seconds: float) -> Path:
             L.append(f"- GRPO informative steps (some group's episodes scored differently, so the step had a "
                      f"gradient): {len(informative)} of {len(rows)}"
                      + (f" (steps {', '.join(str(r['step']) for r in informative)})" if informative else ""))
+            # AtomMem's training dynamics in numbers (the curves: eval/ops_over_training.png): each tool's calls
+            # per environment step, early against late in training; tools never called are left out
+            logged = read_training_ops(out / "grpo") if (out / "grpo").is_dir() else {}
+            ops = {op: pts for op, pts in logged.items() if any(v for _, v in pts)}
+            if logged:
+                k = max(1, len(rows) // 4)
+                mean = lambda pts: sum(v for _, v in pts) / len(pts)  # noqa: E731
+                L.append(f"- GRPO tool calls per environment step, mean of the first {k} steps -> the last {k}: "
+                         + (", ".join(f"{op} {mean(p[:k]):.2f} -> {mean(p[-k:]):.2f}" for op, p in sorted(ops.items()))
+                            or "no tool was called"))
         if curves:
             L += ["", f"![training curves]({curves})"]
         L.append("")
