@@ -17,6 +17,8 @@ episode, failed tool calls and the operation mix per task. A variant whose tool 
 can only differ through the tool's schema and rule line in the prompt.
 
     .venv/bin/python scripts/ablate_policy.py RUN [--checkpoint grpo] [--capacity 4] [--variants ...]
+    .venv-vllm/bin/python scripts/ablate_policy.py RUN --tasks RUN/confirm-9000/heldout.jsonl --limit 128 \
+        --backend vllm --out RUN/ablations-9000      # fresh tasks, vLLM
 
 RUN is an ``atommem quickstart --out`` folder (e.g. scripts/full_setting_probe.sh's); the table is printed
 last and written with the per-variant evaluations to RUN/ablations/ (table.md, ablations.json).
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -58,7 +61,14 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}")
     ap.add_argument("--capacity", type=int, default=4, help="active-memory cap of the capacity variant (default 4)")
     ap.add_argument("--autocast", choices=AUTOCAST_MODES, default=None,
-                    help="generation autocast (default: what the run's evaluation used)")
+                    help="generation autocast (default: what the run's evaluation used; Hugging Face backend only)")
+    ap.add_argument("--tasks", type=Path, default=None,
+                    help="held-out tasks (JSONL) instead of the run's own RUN/data/heldout.jsonl, e.g. the fresh "
+                         "tasks of scripts/confirm_heldout.py (RUN/confirm-SEED/heldout.jsonl)")
+    ap.add_argument("--limit", type=int, default=None, help="the first N of those tasks")
+    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                    help="generation backend (vllm: where scripts/setup_vllm.sh made .venv-vllm, run with its Python)")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (default RUN/ablations)")
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     bad = sorted(set(variants) - set(VARIANTS))
@@ -66,6 +76,8 @@ def main(argv=None) -> int:
         ap.error(f"variants must include full and be among {', '.join(VARIANTS)} (unknown: {bad})")
     if args.capacity < 1:
         ap.error("--capacity must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        ap.error("--limit must be at least 1")
     metrics = json.loads((args.run / "metrics.json").read_text())
     ev = metrics["phases"]["eval"]["result"]
     # the run's own evaluation: its autocast and its batch (bf16 greedy paths depend on both)
@@ -79,17 +91,24 @@ def main(argv=None) -> int:
     from atommem_rl.inference.chat_backends import make_backend
     from atommem_rl.tasks.load import load_dataset
 
-    tasks = {"synthetic": load_dataset(str(args.run / "data" / "heldout.jsonl"))}
+    task_file = args.tasks or args.run / "data" / "heldout.jsonl"
+    if not task_file.exists():
+        ap.error(f"{task_file} does not exist")
+    tasks = {"synthetic": load_dataset(str(task_file), limit=args.limit)}
     base = dict(ev["settings"])
-    out_root = args.run / "ablations"
+    out_root = args.out or args.run / "ablations"
+    # as in scripts/confirm_heldout.py: vLLM's CPU worker computes on all cores but one unless unbound
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    backend_kw = {"autocast": autocast} if args.backend == "hf" else {}
     rows, em = {}, {}
     method = f"checkpoint:{args.checkpoint}"
     for v in variants:
         settings = EvalSettings(**{**base, "policy_env": variant_env(base.get("policy_env") or {}, v, args.capacity)})
-        factory = lambda: make_backend("hf", str(ckpt), batch_size=settings.batch_size, autocast=autocast)  # noqa: E731
+        factory = lambda: make_backend(args.backend, str(ckpt), batch_size=settings.batch_size, **backend_kw)  # noqa: E731
         t0 = time.time()
         m = evaluate(tasks, [method], str(out_root / v), settings=settings, checkpoints={method: factory},
-                     extra_settings={"variant": v, "checkpoint": str(ckpt), "autocast": autocast, "trains": False})
+                     extra_settings={"variant": v, "checkpoint": str(ckpt), "autocast": autocast, "trains": False,
+                                     "backend": args.backend, "task_file": str(task_file), "limit": args.limit})
         r = m["results"][method]["synthetic"]
         em[v] = {t: sc["em"] for t, sc in episode_scores(out_root / v / "trajectories.jsonl")[method].items()}
         rows[v] = {"em": mean_se(list(em[v].values())), "f1": r["f1"], "evidence_recall": r["evidence_recall"],
@@ -102,6 +121,7 @@ def main(argv=None) -> int:
         common = sorted(set(em[v]) & set(em["full"]))
         rows[v]["em_minus_full"] = mean_se([em[v][t] - em["full"][t] for t in common]) if v != "full" else None
     (out_root / "ablations.json").write_text(json.dumps({"run": str(args.run), "checkpoint": str(ckpt),
+                                                         "tasks": str(task_file), "limit": args.limit, "backend": args.backend,
                                                          "capacity": args.capacity, "autocast": autocast,
                                                          "variants": rows}, indent=1))
     table = table_md(rows)

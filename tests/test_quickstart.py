@@ -183,6 +183,14 @@ def test_tiny_pipeline_runs_then_resumes(tmp_path, capsys):
     assert rows["capacity"]["policy_env"]["capacity"] == 1 and rows["capacity"]["memory_size"] <= 1
     assert rows["capacity"]["em_minus_full"]["n"] == 2
     assert "| capacity |" in done.stdout and (out / "ablations" / "table.md").exists()
+    # ... and on the fresh tasks of the confirmation above, the first one only, in its own folder
+    done = subprocess.run(ablate[:3] + ["--variants", "full,no_delete", "--tasks", str(out / "c7" / "heldout.jsonl"),
+                                        "--limit", "1", "--out", str(out / "abl7")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fresh = json.loads((out / "abl7" / "ablations.json").read_text())
+    assert fresh["limit"] == 1 and fresh["tasks"].endswith("c7/heldout.jsonl") and set(fresh["variants"]) == {"full", "no_delete"}
+    assert fresh["variants"]["no_delete"]["em_minus_full"]["n"] == 1
+    assert json.loads((out / "ablations" / "ablations.json").read_text())["variants"] == rows  # the first kept
 
     # a second run skips every phase and reports the same results
     cfg = dict(out=str(out), tiny=True, locomo=str(LOCOMO), heldout_tasks=2, methods="oracle,heuristic,rag")
