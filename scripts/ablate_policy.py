@@ -99,12 +99,11 @@ def main(argv=None) -> int:
     out_root = args.out or args.run / "ablations"
     # as in scripts/confirm_heldout.py: vLLM's CPU worker computes on all cores but one unless unbound
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    backend_kw = {"autocast": autocast} if args.backend == "hf" else {}
     rows, em = {}, {}
     method = f"checkpoint:{args.checkpoint}"
     for v in variants:
         settings = EvalSettings(**{**base, "policy_env": variant_env(base.get("policy_env") or {}, v, args.capacity)})
-        factory = lambda: make_backend(args.backend, str(ckpt), batch_size=settings.batch_size, **backend_kw)  # noqa: E731
+        factory = lambda: make_backend(args.backend, str(ckpt), batch_size=settings.batch_size, autocast=autocast)  # noqa: E731
         t0 = time.time()
         m = evaluate(tasks, [method], str(out_root / v), settings=settings, checkpoints={method: factory},
                      extra_settings={"variant": v, "checkpoint": str(ckpt), "autocast": autocast, "trains": False,

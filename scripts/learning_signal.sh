@@ -14,7 +14,7 @@
 # GROUP (episodes per task, default 8), TASKS (tasks per step, default 1), GRPO_LR (default 2e-5), TEMPERATURE (rollout sampling, default 0.8),
 # ERROR_PENALTY (see below), HOLD (hold_on_zero_advantage: no optimizer update from a step without signal, default true) and REWARD (GRPO's training reward, default
 # f1: partial credit for an answer that contains the right city among other words; held-out is scored by EM)
-# set the GRPO side. BACKEND=vllm|hf generates the held-out episodes (and GRPO's rollouts, see ROLLOUT) (default: vllm where
+# set the GRPO side; SETTING=full trains issue 19's full setting instead (below). BACKEND=vllm|hf generates the held-out episodes (and GRPO's rollouts, see ROLLOUT) (default: vllm where
 # scripts/setup_vllm.sh made .venv-vllm, about 8x faster on this CPU; the whole run then uses that
 # environment's Python). The figures go in docs/BENCHMARKS.md ("Learning signal"). Settings chosen by
 # looking at this held-out set are re-measured on fresh tasks with scripts/confirm_heldout.py OUT (the
@@ -46,7 +46,7 @@ case "$SETTING" in
     COMPLETION=352; SFT_DEFAULT_STEPS=96 ;;
   *) echo "SETTING must be easy or full, got $SETTING" >&2; exit 2 ;;
 esac
-EASY=("${TASK_SHAPE[@]}" "env_config=$ENV")
+SETTING_SETS=("${TASK_SHAPE[@]}" "env_config=$ENV")
 PY=.venv/bin/python
 if [ -z "${BACKEND:-}" ]; then
   BACKEND=hf
@@ -83,7 +83,7 @@ PACK=${PACK:-8192}
 BF16=${BF16:-true}
 # SFT_BF16 (default BF16): SFT's alone, so GRPO with other levers can start from the same SFT phase
 sets=()
-for kv in "${EASY[@]}" "${SFT_EXTRA[@]}" max_steps=${SFT_STEPS:-$SFT_DEFAULT_STEPS} save_steps=8 auto_bf16=${SFT_BF16:-$BF16} bf16=false; do sets+=(--sft-set "$kv"); done
+for kv in "${SETTING_SETS[@]}" "${SFT_EXTRA[@]}" max_steps=${SFT_STEPS:-$SFT_DEFAULT_STEPS} save_steps=8 auto_bf16=${SFT_BF16:-$BF16} bf16=false; do sets+=(--sft-set "$kv"); done
 GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 # ERROR_PENALTY=x (unset by default, so the recorded runs reproduce): GRPO's episodes lose x per step with a
 # failed tool call. A failed call changes nothing, so the task reward alone leaves them free; the sixth run
