@@ -1,4 +1,4 @@
-"""``atommem eval``: evaluate checkpoints and baselines under one protocol.
+r"""``atommem eval``: evaluate checkpoints and baselines under one protocol.
 
     atommem eval --tasks tasks/hotpotqa.jsonl tasks/locomo.jsonl \
         --methods oracle,heuristic,append_all,rag,full_context,mem0,memagent,roam,atommem \
@@ -54,7 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="continue a killed run in --out: skip the (method, "
                    "dataset) pairs its records.partial.jsonl holds (same settings, tasks and models only)")
     p.add_argument("--policy-env", type=json.loads, default={}, metavar="JSON",
-                   help="environment settings of the checkpoint's training (envs.core.EnvConfig), e.g. "
+                   help="environment settings over the ones the checkpoint recorded (atommem_env.json beside "
+                        "the weights, read from --model or the --checkpoint; envs.core.EnvConfig), e.g. "
                         "'{\"max_answer_steps\": 1, \"disable\": \"update,delete\"}': a policy is evaluated in the "
                         "environment it was trained in; the reward and the fields above stay the evaluation's")
     p.add_argument("--run-logs", default=None, help="a training run folder (trainer_state.json) for the ops plot")
@@ -64,8 +65,38 @@ def register(sub: argparse._SubParsersAction) -> None:
               "batch_size", "viewer_tasks", "judge_url", "judge_model"):
         v = getattr(d, f)
         typ = type(v) if v is not None else (int if f == "context_tokens" else str)
+        if f in FROM_CHECKPOINT:  # unset: the checkpoint's recorded value, else the default
+            p.add_argument("--" + f.replace("_", "-"), type=typ, default=None,
+                           help=f"(default: the checkpoint's training setting, else {v})")
+            continue
         p.add_argument("--" + f.replace("_", "-"), type=typ, default=v, help=f"(default {v})")
     p.set_defaults(func=main)
+
+
+# evaluation settings that are also environment settings: a checkpoint's recorded value is the default
+FROM_CHECKPOINT = ("chunk_tokens", "max_prompt_tokens", "retrieval_k", "embedder")
+
+
+def checkpoint_policy_env(args) -> tuple[dict, str | None]:
+    """The policy environment of the evaluated checkpoint (recorded beside --model, else beside the
+    --checkpoint folders, which must then agree) with --policy-env on top, and the file it came from.
+    Fills the FROM_CHECKPOINT flags left unset; the reward and tokenizer stay the evaluation's."""
+    from atommem_rl.eval.methods import EVAL_ENV_KEYS, EvalSettings
+    from atommem_rl.training.checkpoint_env import check_overrides, env_file, read_env
+
+    check_overrides({k: v for k, v in args.policy_env.items() if k not in EVAL_ENV_KEYS}
+                    if isinstance(args.policy_env, dict) else args.policy_env)
+    sources = [args.model] if args.model and read_env(args.model) else [c for c in args.checkpoint if read_env(c)]
+    recorded = [read_env(c)["env"] for c in sources]
+    if any(r != recorded[0] for r in recorded[1:]):
+        raise ValueError(f"the checkpoints {', '.join(sources)} were trained in different environments: evaluate "
+                         "them in separate runs (or give every setting that differs with --policy-env)")
+    env = recorded[0] if recorded else {}
+    for f in FROM_CHECKPOINT:
+        if getattr(args, f) is None:
+            setattr(args, f, env.get(f, getattr(EvalSettings(), f)))
+    policy = {k: v for k, v in env.items() if k not in EVAL_ENV_KEYS and k not in ("judge_url", "judge_model")}
+    return {**policy, **args.policy_env}, (str(env_file(sources[0])) if sources else None)
 
 
 def checkpoint_names(paths: list[str]) -> dict[str, str]:
@@ -110,6 +141,7 @@ def main(args) -> int:
     # every model is checked (weights intact, not only present) before the first method runs
     check = check_checkpoint if args.backend == "openai" else check_model
     output_dir(args.out, "--out")
+    args.policy_env, env_source = checkpoint_policy_env(args)  # a misspelt setting fails before any loading
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     ckpts = {}
     names = checkpoint_names(args.checkpoint)
@@ -141,7 +173,8 @@ def main(args) -> int:
                                    autocast=args.autocast)
     extra = {"task_files": files, "limit": args.limit, "max_blocks": args.max_blocks, "backend": args.backend,
              "model": args.model or "checkpoints/base/smollm2-135m-instruct", "checkpoints": args.checkpoint,
-             "gen_batch_size": args.gen_batch_size, "autocast": args.autocast, "extractor_model": args.extractor_model, "trains": False}
+             "gen_batch_size": args.gen_batch_size, "autocast": args.autocast, "extractor_model": args.extractor_model, "trains": False,
+             "policy_env_file": env_source}
     metrics = evaluate(datasets, methods, args.out, settings=settings, backend_factory=factory, checkpoints=ckpts,
                        run_logs=args.run_logs, extra_settings=extra, extractor=extractor, resume=args.resume)
     summary = {m: {d: {"em": r["em"], "f1": r["f1"], "tokens_per_task": r["tokens_per_task"]} for d, r in by.items()}

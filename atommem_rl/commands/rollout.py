@@ -1,4 +1,4 @@
-"""``atommem rollout``: run a policy on tasks, write trajectories (JSONL), print a JSON summary.
+r"""``atommem rollout``: run a policy on tasks, write trajectories (JSONL), print a JSON summary.
 
     atommem rollout --tasks tasks/synth.jsonl --policy oracle --out runs/oracle.jsonl
     atommem rollout --tasks tasks/hotpotqa.jsonl --policy model --model checkpoints/base/model \
@@ -8,7 +8,8 @@ Printed (DESIGN.md section 4; em and f1 in 0-1): {"episodes", "policy", "mean_re
 "crashes", "tool_errors", "ops": {create, read, update, delete, relate, scratchpad, answer},
 "tokens": {prompt, completion}} plus evidence_recall, relation_accuracy, confounder_token_share,
 truncated, and the store-outage counts store_failures, retried, skipped. Every environment option
-of ``envs.core.EnvConfig`` is a flag here.
+of ``envs.core.EnvConfig`` is a flag here; a flag left unset takes the value the --model checkpoint
+was trained with (its atommem_env.json), else the environment's default.
 
 With ``--chroma http://127.0.0.1:8000`` the episodes' memories live on a ``chroma run`` server.
 If it goes away mid-run, the affected episodes fail with an error naming the server and the
@@ -65,25 +66,34 @@ def _env_fields():
     return [f for f in fields(EnvConfig) if f.name not in _NOT_FLAGS]
 
 
+_UNSET = object()  # a flag not given: the checkpoint's recorded setting, else EnvConfig's default
+
+
 def add_env_arguments(group) -> None:
-    """One flag per EnvConfig field (``max_answer_steps`` -> ``--max-answer-steps``), with its default,
-    help and choices, so that a new environment option is a flag here without further code."""
+    """One flag per EnvConfig field (``max_answer_steps`` -> ``--max-answer-steps``), with its help and
+    choices, so that a new environment option is a flag here without further code. Unset flags stay
+    unset (``_UNSET``) so that a checkpoint's recorded environment can fill them."""
     for f in _env_fields():
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
+        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        helptext = f"{f.metadata['help']} (default: the checkpoint's, else {default})"
         if kind == "bool":
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=f.metadata["help"])
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=_UNSET, help=helptext)
             continue
         typ = float if kind == "float" else int if kind.startswith("int") else str
-        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
-        group.add_argument(flag, type=typ, default=default, choices=f.metadata.get("choices"),
-                           help=f.metadata["help"])
+        group.add_argument(flag, type=typ, default=_UNSET, choices=f.metadata.get("choices"), help=helptext)
 
 
-def env_config_from_args(args) -> dict:
+def env_config_from_args(args, checkpoint: str | None = None) -> dict:
+    """The flags given, over ``checkpoint``'s recorded environment (atommem_env.json), over the defaults."""
     from envs.core import EnvConfig
 
-    cfg = {f.name: getattr(args, f.name) for f in _env_fields()}
+    from atommem_rl.training.checkpoint_env import policy_env
+
+    given = {f.name: getattr(args, f.name) for f in _env_fields() if getattr(args, f.name) is not _UNSET}
+    cfg = policy_env(checkpoint, {})
+    cfg.update(given)
     EnvConfig.from_kwargs(**cfg)  # validate before loading anything heavy
     return cfg
 
@@ -92,7 +102,7 @@ def main(args) -> int:
     from atommem_rl.rollout import make_policy, run_rollouts, summarize, write_jsonl
     from atommem_rl.tasks.schema import load_tasks
 
-    cfg = env_config_from_args(args)
+    cfg = env_config_from_args(args, args.model if args.policy == "model" else None)
     input_file(args.tasks, "--tasks")
     output_file(args.out, "--out")
     if args.policy == "model" and args.backend != "openai":

@@ -1,4 +1,4 @@
-"""Step-wise GRPO for memory episodes, on TRL's GRPOTrainer.
+r"""Step-wise GRPO for memory episodes, on TRL's GRPOTrainer.
 
 Algorithm (AtomMem's training, DESIGN.md section 1). Each training row is a *task* (a document
 stream or a dialogue with questions). TRL's sampler repeats every task G = ``num_generations``
@@ -24,7 +24,7 @@ variable number of steps per episode needs), KL ``beta`` (0 by default). Rollout
 from vLLM are kept for TRL's importance-sampling correction. What this subclass overrides is
 ``_generate_and_score_completions`` (episodes instead of single completions) and, to save compute
 only, ``compute_loss``: a micro-batch whose advantages are all 0 (with beta 0) gets its exactly-zero
-gradients without a forward/backward (``skip_zero_advantage``; under DDP only when every rank's is).
+gradients without a forward/backward (``zero_advantage: skip``; under DDP only when every rank's is).
 
 Launch:
     atommem grpo --config recipes/quickstart/grpo.yaml                     # CPU, SmolLM2-135M
@@ -88,28 +88,30 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "generator seeded from the round's step seeds and restored after it, so rollouts do not depend on "
                 "the random numbers the update drew (TRL's row shuffle does, the packed update does not). "
                 "False: the backend's own sampling."})
-    shared_prefix_generation: bool = field(default=True, metadata={
+    shared_prefix_generation: bool | None = field(default=None, metadata={
         "help": "Hugging Face generate (one process or DDP): prefill the common prompt prefix of a round's rows "
                 "once (inference/shared_prefix.py; in a first round all G episodes of a task read the same "
-                "prompt), the same tokens up to float rounding. False: generate's left-padded prefill of every row."})
-    grouped_attention: bool = field(default=True, metadata={
+                "prompt), the same tokens up to float rounding. None (default): on for CPU training, where it was "
+                "measured to help (docs/BENCHMARKS.md), off on CUDA, where it has not been measured. False: "
+                "generate's left-padded prefill of every row."})
+    grouped_attention: bool | None = field(default=None, metadata={
         "help": "A policy on sdpa attention decodes (and scores without gradients) with sdpa_grouped "
                 "(inference/grouped_attention.py): the query heads of a key/value head folded together instead "
-                "of the key/value cache copied per head every step, the same results. False: sdpa's own."})
-    skip_zero_advantage: bool = field(default=True, metadata={
-        "help": "Beta 0: a micro-batch whose advantages are all 0 (every episode of its groups scored the same) "
-                "skips the policy forward/backward and gets exact zero gradients instead (one process or DDP, "
-                "where all ranks must be all 0; not under DeepSpeed or FSDP)."})
-    hold_on_zero_advantage: bool = field(default=False, metadata={
-        "help": "With skip_zero_advantage: a skipped micro-batch leaves the gradients unset instead of zero, so an "
-                "optimizer step made only of such micro-batches changes nothing (torch optimizers pass over "
-                "parameters without a gradient): Adam's momentum does not keep moving the weights on steps that "
-                "carry no signal. False: the step TRL's zero gradients give."})
-    drop_zero_advantage: bool = field(default=False, metadata={
-        "help": "Train only on the samples whose advantage is not 0 (DAPO's dynamic-sampling filter, without "
-                "refilling the batch): they are dropped before TRL shuffles the batch and cuts it into "
-                "micro-batches, so with several tasks per step a group whose episodes all scored the same costs "
-                "no forward/backward and does not dilute the token-mean loss. False: TRL's batch, all samples."})
+                "of the key/value cache copied per head every step, the same results. None (default): on for CPU "
+                "training, where it was measured to help; off on CUDA, where its larger mask (4x on the Qwen3-8B "
+                "scoring passes) costs memory and sdpa's fused kernels do the same without copies. False: sdpa's own."})
+    zero_advantage: str = field(default="skip", metadata={
+        "help": "What a step sample or micro-batch whose advantages are all 0 costs (every episode of its groups "
+                "scored the same; with beta 0 its gradient is exactly 0). "
+                "train: TRL's behaviour, every micro-batch runs its forward/backward. "
+                "skip (default): an all-zero micro-batch skips its forward/backward and contributes exact zero "
+                "gradients (one process or DDP, where every rank's must be all 0; under FSDP/DeepSpeed it runs). "
+                "hold: as skip, but the gradients stay unset, so an optimizer step made only of such micro-batches "
+                "leaves the weights and Adam's state alone (Adam stepping on zero gradients keeps moving every "
+                "weight along its momentum; docs/BENCHMARKS.md, \"Learning signal\"). "
+                "drop: train only on samples whose advantage is not 0 (DAPO's dynamic-sampling filter, without "
+                "refilling): they are dropped before TRL shuffles the batch and cuts it into micro-batches, then "
+                "as skip. drop_hold: drop, then as hold (the learning-signal runs with several tasks per step)."})
 
     max_tokens_per_microbatch: int = field(default=0, metadata={
         "help": "Packed policy update (training/packing.py): the generation batch's trained step samples are folded "
@@ -161,6 +163,27 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                              f"Monte Carlo values, not scaled by a group std), got {self.scale_rewards!r}")
         if self.loss_weighting not in ("token", "episode"):
             raise ValueError(f"loss_weighting must be token or episode, got {self.loss_weighting!r}")
+        if self.zero_advantage not in ZERO_ADVANTAGE_MODES:
+            raise ValueError(f"zero_advantage must be one of {', '.join(ZERO_ADVANTAGE_MODES)}, got {self.zero_advantage!r}")
+
+
+# zero_advantage mode -> (drop zero-advantage samples, skip all-zero micro-batches, leave their gradients unset)
+ZERO_ADVANTAGE_MODES = {"train": (False, False, False), "skip": (False, True, False), "hold": (False, True, True),
+                        "drop": (True, True, False), "drop_hold": (True, True, True)}
+
+
+def zero_advantage_mode(args) -> tuple[bool, bool, bool]:
+    """(drop, skip, hold) of the config's ``zero_advantage`` (a config without the field: TRL's behaviour)."""
+    return ZERO_ADVANTAGE_MODES[getattr(args, "zero_advantage", "train")]
+
+
+def device_defaults(args, device: torch.device) -> None:
+    """Settings left None resolved for the device the trainer runs on: ``grouped_attention`` and
+    ``shared_prefix_generation`` are CPU levers (measured there), off on accelerators."""
+    on_cpu = device.type == "cpu"
+    for name in ("grouped_attention", "shared_prefix_generation"):
+        if getattr(args, name, False) is None:
+            setattr(args, name, on_cpu)
 
 
 def group_advantages(returns: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
@@ -175,7 +198,11 @@ def group_advantages(returns: torch.Tensor, group_size: int, scale: str = "none"
         adv = adv / (std + 1e-4)
     elif scale == "batch":
         adv = adv / (returns.std() + 1e-4)
-    return adv
+    # A group whose returns are all equal carries no signal, but its float mean need not equal the
+    # values (three returns of 1/3 leave |A| ~ 3e-8, ~3e-4 after the group std): exact zeros, so the
+    # group is dropped, skipped and kept out of the token normaliser like any other uninformative one.
+    flat = (grouped == grouped[:, :1]).all(dim=1, keepdim=True).expand_as(grouped).reshape(-1)
+    return adv.masked_fill(flat, 0.0)
 
 
 def step_samples(episodes: list[list[tuple]], advantages: list[float | list[float]]) -> list[tuple]:
@@ -264,16 +291,15 @@ def refuse_unsupported(config, peft_config=None) -> None:
 
 
 def refuse_unsupported_packing(trainer) -> None:
-    """Packed updates need settings only known once the trainer is built."""
-    from accelerate.utils import DistributedType
+    """Packed updates need settings only known once the trainer is built: one process, DDP or FSDP2
+    (``packing.sharding_refusal`` says why not DeepSpeed or FSDP1)."""
+    from .packing import sharding_refusal
 
     if not getattr(trainer.args, "max_tokens_per_microbatch", 0):
         return
-    kind = trainer.accelerator.distributed_type
-    if kind not in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
-        raise ValueError(f"max_tokens_per_microbatch runs on one process or DDP, not under {kind.value} yet "
-                         "(several backwards per micro-step and the LM head read outside its module's forward); "
-                         "set max_tokens_per_microbatch: 0")
+    error = sharding_refusal(trainer.accelerator.distributed_type, fsdp2=trainer.accelerator.is_fsdp2)
+    if error:
+        raise ValueError(error)
     if trainer.aux_loss_enabled:
         raise ValueError("max_tokens_per_microbatch does not carry the MoE router auxiliary loss; set it to 0")
 
@@ -289,6 +315,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             keep_vllm_cpu_weights_loadable()  # before TRL builds the engine; see its docstring
         refuse_unsupported(cfg, kwargs.get("peft_config"))
         super().__init__(*args, **kwargs)
+        device_defaults(self.args, self.accelerator.device)
         if self.args.grouped_attention:  # before any packed update wraps the model's attention as its own
             from atommem_rl.inference.grouped_attention import use_grouped_attention
 
@@ -376,7 +403,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
                         strict=True))
         # logged per step taken, dropped or not
         n_steps, completion_tokens = len(samples), sum(len(s[1]) for s in samples)
-        if mode == "train" and getattr(self.args, "drop_zero_advantage", False) and samples:
+        if mode == "train" and zero_advantage_mode(self.args)[0] and samples:
             keep = [i for i, s in enumerate(samples) if s[3]]
             self._metrics[mode]["samples_kept"].append(len(keep) / len(samples))
             samples, sample_returns = [samples[i] for i in keep], [sample_returns[i] for i in keep]
@@ -508,18 +535,26 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         generation batch's trained tokens under ``model`` without gradients, from packed forwards under the
         token budget: what TRL's padded-row pass computes for the old-policy (importance-sampling correction)
         and reference (KL) log-probabilities, at the packed update's cost and numerics (the same autocast).
-        No collective runs (the unwrapped model, no gradients), so ranks may run different numbers of them."""
-        from .packing import microbatch_inputs, packed_logprobs, term_positions
+        One process or DDP: no collective runs (the unwrapped model, no gradients), so ranks may run different
+        numbers of them. FSDP2: every forward all-gathers the parameters, so every rank runs as many as the
+        busiest one (empty micro-batches pad, as for the update); a mismatch would hang."""
+        from .packing import is_sharded, microbatch_inputs, packed_logprobs, pad_microbatches, term_positions
 
         mask = output["completion_mask"]
         logps = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
         inner = self.accelerator.unwrap_model(model)
         pad_id = self._tokenizer.pad_token_id
+        plan = self._plan_trained_rows(output)
+        if self.accelerator.num_processes > 1 and is_sharded(inner):
+            count = torch.tensor([len(plan)], device=mask.device)
+            plan = pad_microbatches(plan, int(self.accelerator.gather(count).max()))
         with torch.no_grad(), self.accelerator.autocast(), (adapter_context or contextlib.nullcontext()):
-            for row in self._plan_trained_rows(output):
+            for row in plan:
                 packed = microbatch_inputs(row, pad_id, mask.device)
                 lp = packed_logprobs(inner, packed, temperature=self.temperature)
-                logps.index_put_((packed["sample_index"], term_positions(packed, len(row.samples))), lp.float())
+                real = packed["sample_index"] >= 0  # an empty micro-batch's phantom term belongs to no row
+                at = (packed["sample_index"][real], term_positions(packed, len(row.samples))[real])
+                logps.index_put_(at, lp.float()[real])
         return logps
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
@@ -652,13 +687,14 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         is linear in the advantages, so all-zero advantages give exactly zero gradients. On a CPU that
         forward/backward is most of a GRPO step (a group whose episodes all scored 0 is common early on);
         ``0 * sum(params)`` gives the same zero gradients (the optimizer still steps, Adam's moments
-        decay as they would) without it. With ``hold_on_zero_advantage`` the gradients stay unset
+        decay as they would) without it. With ``zero_advantage: hold`` the gradients stay unset
         instead, and a step made only of such micro-batches leaves the weights and optimizer state alone:
         stepping Adam on zero gradients keeps moving every weight along its momentum, which with sparse
         rewards is most steps (measured in docs/BENCHMARKS.md, "Learning signal")."""
         if self._all_advantages_zero(inputs):
             self._metrics["train"]["skipped_zero_advantage"].append(1.0)
-            if getattr(self.args, "hold_on_zero_advantage", False):
+            self._average_skipped_gradients(model)
+            if zero_advantage_mode(self.args)[2]:
                 # connected to no parameter: its backward leaves every .grad as it was (None after
                 # the Trainer's zero_grad), and the optimizer skips parameters without a gradient
                 return torch.zeros((), device=self.accelerator.device, requires_grad=True)
@@ -670,8 +706,34 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             return self._packed_loss(model, inputs)
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
+    def _average_skipped_gradients(self, model) -> None:
+        """A skipped micro-step that closes an accumulation window under DDP: average the accumulated
+        gradients over the ranks by hand. DDP averages in the backward of a forward it ran with
+        synchronisation on, which is only ever the window's last micro-step; the earlier ones ran under
+        ``no_sync``. Skipping that forward would leave every rank stepping its optimizer on its own local
+        gradients, and the replicas would drift apart for the rest of the run. Every rank takes this path
+        together (the skip is decided collectively), with the same parameters holding gradients (the same
+        micro-steps ran everywhere), so the all-reduces match."""
+        acc = self.accelerator
+        if acc.num_processes < 2 or not acc.sync_gradients:
+            return
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        if not grads:  # hold, and nothing earlier in the window had signal: every rank has no gradient
+            return
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for g in grads:  # one all-reduce per dtype (a flat buffer holds one)
+            by_dtype.setdefault(g.dtype, []).append(g)
+        for _, group in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):  # the same order on every rank
+            flat = _flatten_dense_tensors(group)
+            torch.distributed.all_reduce(flat)
+            flat /= acc.num_processes
+            for g, avg in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
+                g.copy_(avg)
+
     def _all_advantages_zero(self, inputs) -> bool:
-        """Whether this micro-batch may skip its forward/backward (``skip_zero_advantage``).
+        """Whether this micro-batch may skip its forward/backward (``zero_advantage`` skip, hold, drop...).
 
         With several processes the ranks must agree, since DDP all-reduces gradients in the backward
         of a forward it ran: they skip together only when every rank's micro-batch is all zeros (one
@@ -682,7 +744,7 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         from accelerate.utils import DistributedType
 
         acc = self.accelerator
-        if not (getattr(self.args, "skip_zero_advantage", False) and self.beta == 0.0 and self.model.training
+        if not (zero_advantage_mode(self.args)[1] and self.beta == 0.0 and self.model.training
                 and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)):
             return False
         nonzero = torch.any(inputs["advantages"] != 0).float().reshape(1)
@@ -775,6 +837,8 @@ def train(config: GRPORecipeConfig, build=build_trainer, phase: str = "grpo", on
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
     setup_wandb(config)
     trainer = build(config)
+    from .checkpoint_env import write_env  # its environment, beside the weights
+    write_env(config.output_dir, config.env_config, phase)
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(config.output_dir)
     if on_trained is not None:

@@ -221,6 +221,8 @@ def train(config: SFTRecipeConfig) -> dict:
     with state.main_process_first():
         rows, data_info = demonstration_rows(config, reuse=bool(resume) or not state.is_main_process)
     trainer = build_trainer(config, rows)
+    from .checkpoint_env import write_env  # its environment, beside the weights
+    write_env(config.output_dir, config.env_config, "sft")
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(config.output_dir)
     summary = {"output_dir": config.output_dir, "run_name": config.run_name, "examples": len(rows),
