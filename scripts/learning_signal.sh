@@ -12,7 +12,7 @@
 # It is the quickstart pipeline (atommem_rl/pipeline/quickstart.py) with bigger settings, so it resumes
 # when rerun with the same arguments. SFT_STEPS, GRPO_STEPS, HELDOUT (env) scale it; defaults 24, 16, 128.
 # GROUP (episodes per task, default 8), TASKS (tasks per step, default 1), GRPO_LR (default 2e-5), TEMPERATURE (rollout sampling, default 0.8),
-# ERROR_PENALTY (see below), HOLD (hold_on_zero_advantage: no optimizer update from a step without signal, default true) and REWARD (GRPO's training reward, default
+# ERROR_PENALTY (see below), HOLD (zero_advantage hold: no optimizer update from a step without signal, default true) and REWARD (GRPO's training reward, default
 # f1: partial credit for an answer that contains the right city among other words; held-out is scored by EM)
 # set the GRPO side; SETTING=full trains issue 19's full setting instead (below). BACKEND=vllm|hf generates the held-out episodes (and GRPO's rollouts, see ROLLOUT) (default: vllm where
 # scripts/setup_vllm.sh made .venv-vllm, about 8x faster on this CPU; the whole run then uses that
@@ -104,16 +104,19 @@ GRPO_ENV=${ENV%\}}', "reward": "'${REWARD:-f1}'"}'
 # atommem_rl/training/fork_credit.py; default 0: the terminal reward's advantage on every step)
 G=${GROUP:-8}
 # TASKS groups per step (default 1). With more than one, the samples of groups whose episodes all scored
-# the same are dropped before TRL shuffles the batch and cuts it into TASKS micro-batches (drop_zero_advantage),
+# the same are dropped before TRL shuffles the batch and cuts it into TASKS micro-batches (zero_advantage drop or drop_hold),
 # (TRL: generation batch = per_device_train_batch_size x gradient_accumulation_steps), so a step
 # trains only on informative groups and averages their gradients
 T=${TASKS:-1}
 TASK_SETS=()
-[ "$T" -gt 1 ] && TASK_SETS=(drop_zero_advantage=true gradient_accumulation_steps=$T)
+[ "$T" -gt 1 ] && TASK_SETS=(gradient_accumulation_steps=$T)
+# zero_advantage: hold (HOLD=true) or skip; with TASKS > 1 dropping first (drop_hold or drop)
+ZA=$([ "${HOLD:-true}" = true ] && echo hold || echo skip)
+[ "$T" -gt 1 ] && ZA=$([ "$ZA" = hold ] && echo drop_hold || echo drop)
 for kv in "${TASK_SHAPE[@]}" "env_config=$GRPO_ENV" synth_tasks=64 \
           max_steps=${GRPO_STEPS:-16} save_steps=4 num_generations=$G per_device_train_batch_size=$G \
           learning_rate=${GRPO_LR:-2e-5} temperature=${TEMPERATURE:-0.8} max_completion_length=$COMPLETION \
-          hold_on_zero_advantage=${HOLD:-true} max_tokens_per_microbatch=$PACK auto_bf16=$BF16 bf16=false \
+          zero_advantage=$ZA max_tokens_per_microbatch=$PACK auto_bf16=$BF16 bf16=false \
           seed=${SEED:-0} beta=${BETA:-0.0} fork_credit=${FORKS:-0} "${TASK_SETS[@]}" "${VLLM_SETS[@]}"; do
   sets+=(--grpo-set "$kv")
 done

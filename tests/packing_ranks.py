@@ -22,7 +22,7 @@ def main(tiny: str, out: str, folder: str) -> None:
     rank_of = {}
     StepwiseGRPOTrainer._advantages = lambda self, recs, *a: SCRIPTED[self.accelerator.process_index][: len(recs)]
     trainer = build_trainer(small_config(tiny, folder, synth_tasks=2, steps_per_generation=2,
-                                         gradient_accumulation_steps=2, drop_zero_advantage=True))
+                                         gradient_accumulation_steps=2, zero_advantage="drop"))
     acc = trainer.accelerator
     rank = acc.process_index
     model = acc.prepare_model(trainer.model)

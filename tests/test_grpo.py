@@ -122,7 +122,7 @@ def test_zero_advantage_batch_skips_the_forward_with_the_same_gradients(tiny, tm
     trainer.current_gradient_accumulation_steps = 1
 
     def grads(skip: bool) -> list[torch.Tensor]:
-        trainer.args.skip_zero_advantage = skip
+        trainer.args.zero_advantage = "skip" if skip else "train"
         trainer.model.zero_grad(set_to_none=True)
         trainer.compute_loss(trainer.model, batch).backward()
         return [p.grad for p in trainer.model.parameters() if p.requires_grad]
@@ -137,10 +137,10 @@ def test_zero_advantage_batch_skips_the_forward_with_the_same_gradients(tiny, tm
 
 
 def test_hold_on_zero_advantage_leaves_weights_and_optimizer_alone(tiny, tmp_path):
-    """hold_on_zero_advantage: after an informative step, an all-zero-advantage step leaves every
+    """zero_advantage hold: after an informative step, an all-zero-advantage step leaves every
     weight as it was (no gradient, so AdamW passes over it); TRL's zero gradients instead let Adam's
     momentum move the weights again."""
-    trainer = build_trainer(small_config(tiny, tmp_path / "hold", synth_tasks=1, hold_on_zero_advantage=True))
+    trainer = build_trainer(small_config(tiny, tmp_path / "hold", synth_tasks=1, zero_advantage="hold"))
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
     batch = trainer._generate_and_score_completions([trainer.train_dataset[0]] * 2)
@@ -158,12 +158,12 @@ def test_hold_on_zero_advantage_leaves_weights_and_optimizer_alone(tiny, tmp_pat
     after = step(0.0)
     assert all(p.grad is None for p in params)
     assert all(torch.equal(a, b) for a, b in zip(before, after))
-    trainer.args.hold_on_zero_advantage = False  # zero gradients: Adam keeps moving the weights
+    trainer.args.zero_advantage = "skip"  # zero gradients: Adam keeps moving the weights
     assert any(not torch.equal(a, b) for a, b in zip(after, step(0.0)))
 
 
 def test_drop_zero_advantage_trains_only_on_informative_groups(tiny, tmp_path, monkeypatch):
-    """drop_zero_advantage: of two groups, the one whose episodes all scored the same gives no sample;
+    """zero_advantage drop: of two groups, the one whose episodes all scored the same gives no sample;
     the other's samples are all there, with their advantages, counted alone in the loss's token
     normaliser, and the logged per-step metrics still cover every step taken. (The tiny model's
     episodes all score 0, so the advantages are scripted, per episode.)"""
@@ -171,7 +171,7 @@ def test_drop_zero_advantage_trains_only_on_informative_groups(tiny, tmp_path, m
 
     scripted = [0.5, -0.5, 0.0, 0.0]  # task 0's group is informative, task 1's is not
     monkeypatch.setattr(StepwiseGRPOTrainer, "_advantages", lambda self, recs, *a: scripted[: len(recs)])
-    trainer = build_trainer(small_config(tiny, tmp_path / "drop", synth_tasks=2, drop_zero_advantage=True,
+    trainer = build_trainer(small_config(tiny, tmp_path / "drop", synth_tasks=2, zero_advantage="drop",
                                          steps_per_generation=2, gradient_accumulation_steps=2))
     trainer.model.train()
     rows = [trainer.train_dataset[0]] * 2 + [trainer.train_dataset[1]] * 2

@@ -118,7 +118,7 @@ def test_packed_counts_padded_to_micro_steps_and_empty_rows_add_zero(tiny, tmp_p
     assert [len(s["packed_microbatches"]) for s in steps] == [1, 1]
     empty = steps[1]["packed_microbatches"][0]
     assert empty["rows"]["completion_mask"].sum() == 0 and empty["packed"]["forwarded_tokens"] == 2
-    trainer.args.skip_zero_advantage = False
+    trainer.args.zero_advantage = "train"
     loss = trainer.compute_loss(trainer.model, steps[1])
     assert loss.item() == 0.0 and loss.requires_grad
 

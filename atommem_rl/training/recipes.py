@@ -52,6 +52,18 @@ FOREIGN_DIRS = {"accelerate"}
 CHECKPOINTS = "checkpoints"
 
 
+# keys that recipes used to take -> what replaced them (the error says so instead of "unknown key")
+RENAMED = {
+    "skip_zero_advantage": "zero_advantage (true -> skip, false -> train)",
+    "hold_on_zero_advantage": "zero_advantage (true -> hold; with drop_zero_advantage -> drop_hold)",
+    "drop_zero_advantage": "zero_advantage (true -> drop; with hold_on_zero_advantage -> drop_hold)",
+}
+
+
+def _renamed(key: str) -> str | None:
+    return f"{key!r} was replaced by {RENAMED[key]}" if key in RENAMED else None
+
+
 class RecipeError(ValueError):
     """A recipe or an override is invalid; the message names the file and the key."""
 
@@ -152,6 +164,8 @@ def check_recipe(config_cls: type, data: dict, source: str) -> dict:
         first = exc.errors()[0]  # loc[0]: the key (then a union member or a list index)
     key = first["loc"][0]
     if first["type"] == "extra_forbidden":
+        if _renamed(key):
+            raise RecipeError(f"{source}: key {_renamed(key)}")
         fields = [f.name for f in dataclasses.fields(config_cls) if f.init]
         near = difflib.get_close_matches(key, fields, n=3)
         hint = f"; did you mean {', '.join(near)}?" if near else ""
@@ -190,6 +204,9 @@ def parse_recipe_args(config_cls: type, argv: list[str] | None = None, apply_env
     except (ValueError, ArithmeticError) as exc:  # a config's own checks divide by a count set to 0
         msg = str(exc)
         if "not used by the HfArgumentParser" in msg:
+            hints = [_renamed(a.lstrip("-").split("=")[0]) for a in argv if a.startswith("--")]
+            if any(hints):
+                raise RecipeError(f"command line: {next(h for h in hints if h)}") from None
             raise RecipeError(f"unknown command-line option(s) for {config_cls.__name__}: "
                               f"{msg.split(':', 1)[1].strip()}") from None
         where = f"{source} with overrides {argv}" if argv else source
