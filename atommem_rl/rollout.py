@@ -40,7 +40,7 @@ from envs.core import OPS, EnvConfigError
 from .memory.chroma_clients import address, is_up
 from .memory.errors import StoreUnavailableError
 from .memory.store import COLLECTION_PREFIX
-from .policies.base import Policy
+from .policies.base import Policy, PolicyUnavailable
 from .tasks.schema import Task
 
 
@@ -77,16 +77,22 @@ def start_episode(env, policy: Policy, key, task: Task, seed: int):
 
 def act_or_crash(policy: Policy, batch: list) -> list:
     """One policy call for the batch. If it raises, each episode is asked alone, so the exception crashes
-    only the episodes it comes from (their slot is a :class:`Crash`) and the others go on. Shared by
-    rollouts and ``atommem eval``."""
+    only the episodes it comes from (their slot is a :class:`Crash`) and the others go on. A
+    :class:`~atommem_rl.policies.base.PolicyUnavailable` (the generation server is gone) is the run's, not
+    an episode's: it is raised, never retried per episode (under several trainer processes each retry would
+    be one more collective round on this rank only). Shared by rollouts and ``atommem eval``."""
     try:
         return policy.act(batch)
+    except PolicyUnavailable:
+        raise
     except Exception:  # noqa: BLE001
         pass
     out = []
     for item in batch:
         try:
             out.append(policy.act([item])[0])
+        except PolicyUnavailable:
+            raise
         except Exception as exc:  # noqa: BLE001 - a policy crash is that episode's finding
             out.append(Crash(exc))
     return out

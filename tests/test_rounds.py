@@ -141,3 +141,81 @@ def test_generation_autocast_wraps_generate_once_in_bf16(tmp_path):
             outer = model.generate(input_ids=ids, **kw)
     assert torch.equal(plain.sequences, outer.sequences)
     assert torch.equal(torch.stack(plain.scores), torch.stack(outer.scores))
+
+
+class _FailingServer:
+    """A scripted vLLM server (loopback): /health and /v1/models answer; /v1/completions fails with HTTP 500
+    (``fail``) or holds the request for a minute before failing (``stall``)."""
+
+    def __init__(self, mode: str):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self, code, body):
+                data = json.dumps(body).encode()
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up (its timeout)
+                    pass
+
+            def do_GET(self):  # noqa: N802 - http.server API
+                self._reply(200, {"data": [{"id": "scripted"}]})
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.requests += 1
+                if mode == "stall":
+                    import time
+
+                    time.sleep(60)
+                self._reply(500, {"error": "scripted failure"})
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode", ["fail", "stall"])
+def test_server_failure_stops_busy_and_idle_ranks_alike(mode, tmp_path):
+    """A vLLM server that fails or stalls while rank 0 runs an episode and rank 1 has none (it drains):
+    both ranks stop with the same ServerRoundError naming the server and the step, within the request
+    timeout times the tries (plus the start-up), after exactly 1 + retries tries of the round; no episode
+    is recorded (before: the busy rank turned the failure into crashed episodes scored 0, retried them one
+    by one, and the idle rank raised alone while the other waited; a stalled server blocked for good)."""
+    server = _FailingServer(mode)
+    out = tmp_path / "ranks.jsonl"
+    accelerate = Path(sys.executable).with_name("accelerate")
+    try:
+        res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+                              "--main_process_port", str(free_port()), str(REPO / "tests/multirank/server_failure.py"),
+                              str(out), server.url], cwd=REPO, capture_output=True, text=True, timeout=300)
+    finally:
+        server.close()
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+    assert [r["error"] for r in ranks] == ["ServerRoundError", "ServerRoundError"], ranks
+    assert ranks[0]["message"] == ranks[1]["message"]
+    assert server.url in ranks[0]["message"] and "global step 3" in ranks[0]["message"]
+    assert "2 times" in ranks[0]["message"] and ("500" in ranks[0]["message"] or "Timeout" in ranks[0]["message"])
+    assert [r["recorded"] for r in ranks] == [0, 0] and [r["crashed"] for r in ranks] == [0, 0]
+    assert ranks[0]["rounds"] == ranks[1]["rounds"] == 1  # one round, tried twice on the main process
+    assert server.requests == 2  # 1 + vllm_round_retries tries of the one prompt, no per-episode retries
+    # timeout 2 s x 2 tries + 2 s backoff; the rest is the environment's start-up and the tokenizer
+    assert max(r["seconds"] for r in ranks) < 60
+

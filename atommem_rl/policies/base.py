@@ -20,6 +20,12 @@ from typing import Any
 from envs.parser import format_tool_call
 
 
+class PolicyUnavailable(ConnectionError):
+    """The policy cannot act for any episode (its generation server failed past its retries). It ends the
+    run instead of crashing the batch's episodes: a crashed episode scores 0, and in training that 0
+    would enter the advantages as if the policy had earned it (``rollout.act_or_crash`` re-raises it)."""
+
+
 class Policy:
     name = "policy"
 

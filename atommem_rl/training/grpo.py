@@ -113,6 +113,15 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "refilling): they are dropped before TRL shuffles the batch and cuts it into micro-batches, then "
                 "as skip. drop_hold: drop, then as hold (the learning-signal runs with several tasks per step)."})
 
+    vllm_request_timeout: float = field(default=300.0, metadata={
+        "help": "vLLM server mode: seconds any one HTTP request to the server may take (TRL's client sets none, so "
+                "a stalled server blocked every rank for good). A generation round's requests are retried "
+                "vllm_round_retries times, then the run stops on every rank with one error naming the server and "
+                "the step (training/rounds.py); a server failure never becomes episodes scored 0."})
+    vllm_round_retries: int = field(default=2, metadata={
+        "help": "vLLM server mode: how many times a failed generation round is tried again (whole rounds, on the "
+                "main process; the same seeds, so the same tokens) before the run stops."})
+
     max_tokens_per_microbatch: int = field(default=0, metadata={
         "help": "Packed policy update (training/packing.py): the generation batch's trained step samples are folded "
                 "into prefix tries (TRL's TreeRow) of at most this many unique tokens per forward/backward, a sample "
@@ -163,6 +172,9 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                              f"Monte Carlo values, not scaled by a group std), got {self.scale_rewards!r}")
         if self.loss_weighting not in ("token", "episode"):
             raise ValueError(f"loss_weighting must be token or episode, got {self.loss_weighting!r}")
+        if not self.vllm_request_timeout > 0 or self.vllm_round_retries < 0:
+            raise ValueError("vllm_request_timeout must be above 0 and vllm_round_retries at least 0, got "
+                             f"{self.vllm_request_timeout!r} and {self.vllm_round_retries!r}")
         if self.zero_advantage not in ZERO_ADVANTAGE_MODES:
             raise ValueError(f"zero_advantage must be one of {', '.join(ZERO_ADVANTAGE_MODES)}, got {self.zero_advantage!r}")
 
@@ -316,6 +328,11 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         refuse_unsupported(cfg, kwargs.get("peft_config"))
         super().__init__(*args, **kwargs)
         device_defaults(self.args, self.accelerator.device)
+        client = getattr(getattr(self, "vllm_generation", None), "vllm_client", None)  # server mode, main process
+        if client is not None:
+            from .rounds import bound_server_calls
+
+            bound_server_calls(client, self.args.vllm_request_timeout)
         if self.args.grouped_attention:  # before any packed update wraps the model's attention as its own
             from atommem_rl.inference.grouped_attention import use_grouped_attention
 

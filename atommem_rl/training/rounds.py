@@ -34,7 +34,7 @@ import torch
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
 from ..inference.shared_prefix import shared_prefix_generation
-from ..policies.base import Policy
+from ..policies.base import Policy, PolicyUnavailable
 from .seeded_sampling import mix, seeded_generation, seeded_round_rng
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,9 +48,46 @@ class CompletionMismatch(RuntimeError):
     """The vLLM server answered a round with completions of other prompts than the ones sent."""
 
 
-class ServerRoundError(RuntimeError):
-    """The main process's requests to the vLLM server failed in a round. Raised on every rank: the others
-    would otherwise wait in the broadcast of the round's completions until the process group's timeout."""
+class ServerRoundError(PolicyUnavailable):
+    """The main process's requests to the vLLM server failed in a round, after its retries. Raised on every
+    rank with the same message (the outcome is broadcast): the others would otherwise wait in the next
+    collective until the process group's timeout. It stops the run (``rollout.act_or_crash`` re-raises it,
+    the CLI prints it as one line); no episode is recorded as crashed."""
+
+
+# A round's requests, retried on the main process only (the other ranks wait in the round's one broadcast,
+# so every rank still takes part in exactly one collective per round whatever the number of tries).
+DEFAULT_REQUEST_TIMEOUT = 300.0  # seconds per HTTP request to the vLLM server (vllm_request_timeout)
+DEFAULT_ROUND_RETRIES = 2  # tries after the first (vllm_round_retries)
+
+
+def bound_server_calls(client, timeout: float) -> None:
+    """Bound every HTTP call of TRL's ``VLLMClient`` by ``timeout`` seconds. ``requests`` waits forever
+    without one and TRL passes none, so a server that stalls without failing blocked the main process (and,
+    through the next collective, every rank) for good. TRL's session also retries a failed read 5 times
+    with 2-32 s backoff inside one call; reads are not retried here (the round retries, a known number of
+    times), so a stalled server costs at most (vllm_round_retries + 1) x timeout. Connection refusals are
+    still retried briefly (a restarting server)."""
+    from requests.adapters import HTTPAdapter
+    from urllib3.util.retry import Retry
+
+    session = client.session
+    if getattr(session, "atommem_timeout", None) is not None:
+        session.atommem_timeout = timeout
+        return
+    request = session.request
+
+    def request_with_timeout(method, url, **kwargs):
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = session.atommem_timeout
+        return request(method, url, **kwargs)
+
+    session.atommem_timeout = timeout
+    session.request = request_with_timeout  # Session.get/post call self.request
+    retry = Retry(total=3, connect=3, read=0, status=0, backoff_factor=0.5, allowed_methods=["POST", "GET"])
+    adapter = HTTPAdapter(max_retries=retry, pool_maxsize=SERVER_CONCURRENCY)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
 
 
 def uses_vllm_server(trainer) -> bool:
@@ -151,16 +188,11 @@ class TrainerPolicy(Policy):
             return [], None, False
         payload = [None]
         if acc.is_main_process:
-            flat = [item for r in per_rank for item in r]
-            try:
-                payload = [("ok", self._ask_server(vg, flat))]
-            except Exception as exc:  # sent to every rank, which all raise it, instead of leaving them waiting
-                payload = [("error", f"{type(exc).__name__}: {exc}")]
+            payload = [self._ask_with_retries(vg, [item for r in per_rank for item in r])]
         broadcast_object_list(payload, from_process=0)
         status, answer = payload[0]
-        if status == "error":
-            raise ServerRoundError(f"rank {acc.process_index}: the vLLM server round failed on the main process "
-                                   f"({sum(counts)} prompts): {answer}")
+        if status == "error":  # the same message on every rank
+            raise ServerRoundError(answer)
         completions, logprobs, echoed = answer
         start = sum(counts[: acc.process_index])
         mine = slice(start, start + len(prompt_ids))
@@ -170,6 +202,30 @@ class TrainerPolicy(Policy):
             raise CompletionMismatch(f"rank {acc.process_index}: {bad} of {len(prompt_ids)} completions from the "
                                      "vLLM server belong to other prompts than the ones this rank sent")
         return completions[mine], logprobs[mine], True
+
+    def _ask_with_retries(self, vg, items: list[tuple[list[int], int]]) -> tuple[str, Any]:
+        """Main process: the round's requests, tried 1 + ``vllm_round_retries`` times (each request bounded by
+        ``vllm_request_timeout``, :func:`bound_server_calls`). ("ok", answer) or ("error", one-line message
+        naming the server, the step and what failed). Retrying whole rounds repeats no token: every request
+        carries its step's own sampling seed."""
+        import time
+
+        t = self.trainer
+        retries = int(getattr(t.args, "vllm_round_retries", DEFAULT_ROUND_RETRIES))
+        timeout = float(getattr(t.args, "vllm_request_timeout", DEFAULT_REQUEST_TIMEOUT))
+        errors = []
+        for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(min(2.0 ** attempt, 10.0))
+            try:
+                return "ok", self._ask_server(vg, items)
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                errors.append(" ".join(f"{type(exc).__name__}: {exc}".split())[:300])
+        url = getattr(vg.vllm_client, "base_url", "the vLLM server")
+        return "error", (f"the vLLM server at {url} failed a generation round at global step {t.state.global_step} "
+                         f"({len(items)} prompts) {retries + 1} times (request timeout {timeout:g} s); last error: "
+                         f"{errors[-1]}. Training stopped on every rank; its last saved checkpoint is intact: "
+                         "rerun the same command with resume_from_checkpoint: true once the server answers")
 
     @staticmethod
     def _ask_server(vg, items: list[tuple[list[int], int]]):
