@@ -14,6 +14,8 @@ and an LLM judge behind an OpenAI-compatible endpoint.
     relation_scores(pairs) accuracy and macro-F1 of (predicted, gold) relation labels
     LLMJudge(base_url, model)  asks an OpenAI-compatible chat endpoint for CORRECT / WRONG
                           (the prompt is pinned: ``JUDGE_PROMPT``, temperature 0)
+    custom_reward(spec, ...) a user's ``package.module:function`` (load_reward_function imports and
+                          checks it once), the environment's ``reward`` setting beside the built-in ones
 
 Every scorer takes untrusted text (a policy's answer): non-strings score 0, never raise.
 """
@@ -210,3 +212,60 @@ def score_answer(metric: str, prediction: object, gold: str | Sequence[str], *, 
             raise ValueError("metric 'judge' needs an LLMJudge (judge_url and judge_model)")
         return judge(question, prediction, gold)
     raise ValueError(f"unknown metric {metric!r}; expected em, f1, locomo_f1, bleu1 or judge")
+
+
+# ------------------------------------------------------------------ a user's own reward (reward: package.module:function)
+BUILTIN_REWARDS = ("em", "f1", "locomo_f1", "judge")
+REWARD_ARGS = ("questions", "answers", "predictions", "episode")
+_SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+def is_custom_reward(spec: object) -> bool:
+    return isinstance(spec, str) and ":" in spec
+
+
+@lru_cache(maxsize=None)
+def load_reward_function(spec: str):
+    """The callable ``package.module:function``, imported and checked to take the keyword arguments
+    ``questions`` (texts), ``answers`` (gold answer lists), ``predictions`` (texts or None) and ``episode``
+    (a dict: task_id, steps, ops, tool_errors, scratchpad, memory, ...). A ValueError names what is wrong,
+    raised when the environment configuration is built, before any model loads."""
+    import importlib
+    import inspect
+
+    if not isinstance(spec, str) or not _SPEC.match(spec):
+        raise ValueError(f"reward must be one of {', '.join(BUILTIN_REWARDS)} or package.module:function, got {spec!r}")
+    module, _, name = spec.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # noqa: BLE001 - the user's module: any import failure is their error, one line
+        raise ValueError(f"reward {spec}: cannot import {module} ({type(exc).__name__}: {exc})") from None
+    fn = getattr(mod, name, None)
+    if not callable(fn):
+        raise ValueError(f"reward {spec}: {module} has no function {name}")
+    try:
+        inspect.signature(fn).bind(**{a: None for a in REWARD_ARGS})
+    except TypeError:
+        raise ValueError(f"reward {spec}: the function must take the keyword arguments {', '.join(REWARD_ARGS)} "
+                         "(or **kwargs)") from None
+    except ValueError:  # a builtin without a signature: called as documented, checked on its first result
+        pass
+    return fn
+
+
+def _finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def custom_reward(spec: str, questions: list[str], answers: list[list[str]], predictions: list[str | None],
+                  episode: dict) -> tuple[float, list[float] | None]:
+    """(episode score, per-question scores or None) from the user's function: it returns one finite
+    number for the episode, or one per question (their mean is the score). Anything else is a ValueError
+    naming the function, never a NaN reward in training."""
+    out = load_reward_function(spec)(questions=questions, answers=answers, predictions=predictions, episode=episode)
+    if _finite(out):
+        return float(out), None
+    if isinstance(out, (list, tuple)) and len(out) == len(questions) and out and all(_finite(x) for x in out):
+        return sum(out) / len(out), [float(x) for x in out]
+    raise ValueError(f"reward {spec} returned {out!r:.80}; expected a finite number, or one per question "
+                     f"({len(questions)})")

@@ -35,7 +35,9 @@ class EnvConfig:
     max_answer_steps: int | None = field(default=None, metadata={"help": "answer-phase steps (None: questions + 2)"})
     max_steps: int | None = field(default=None, metadata={"help": "total steps (None: chunks + answer steps)"})
     max_episode_tokens: int | None = field(default=None, metadata={"help": "prompt+completion tokens per episode"})
-    reward: str = field(default="em", metadata={"help": "answer score", "choices": ("em", "f1", "locomo_f1", "judge")})
+    reward: str = field(default="em", metadata={
+        "help": "answer score: em, f1, locomo_f1, judge, or package.module:function (a callable on the episode's "
+                "questions, answers, predictions and episode record; docs/OWN_DATA.md)"})
     judge_url: str | None = field(default=None, metadata={"help": "OpenAI-compatible base URL for reward=judge"})
     judge_model: str | None = field(default=None, metadata={"help": "model name for the judge"})
     format_penalty: float = field(default=0.0, metadata={"help": "reward subtracted per step with malformed tool calls"})
@@ -74,6 +76,13 @@ class EnvConfig:
             choices = f.metadata.get("choices")
             if choices and getattr(self, f.name) not in choices:
                 raise ValueError(f"{f.name} must be one of {', '.join(choices)}, got {getattr(self, f.name)!r}")
+        from atommem_rl import scoring
+
+        if not scoring.is_custom_reward(self.reward) and self.reward not in scoring.BUILTIN_REWARDS:
+            raise ValueError(f"reward must be one of {', '.join(scoring.BUILTIN_REWARDS)} or package.module:function, "
+                             f"got {self.reward!r}")
+        if scoring.is_custom_reward(self.reward):
+            scoring.load_reward_function(self.reward)  # imported and checked now, before any work
         if self.reward == "judge" and not (self.judge_url and self.judge_model):
             raise ValueError("reward=judge needs judge_url and judge_model")
 

@@ -146,6 +146,11 @@ class MemoryEnv:
         self.max_answer_steps = n_ans
         self.max_steps = self.config.max_steps or (len(self.chunks) + n_ans)
         self._check_floor()
+        if self.config.evidence_bonus:  # shaping by evidence recall cannot be computed without gold evidence
+            try:
+                self.task.require_evidence("evidence_bonus")
+            except ValueError as exc:
+                raise EnvConfigError(str(exc)) from None
         obs = self._observe()
         return obs, self._info(results=[])
 
@@ -333,9 +338,17 @@ class MemoryEnv:
     def _finish(self, terminated: bool) -> float:
         shaped, outcome = finish(self.config, self.task.questions, self.answers, self.judge,
                                  self.task.evidence_ids(), self.answer_shown_units, self.relation_checks,
-                                 self.answer_view_tokens, terminated)
+                                 self.answer_view_tokens, terminated, episode=self._episode_record)
         self.outcome.update(outcome)
         return shaped
+
+    def _episode_record(self) -> dict:
+        """What a custom reward function (``reward: package.module:function``) sees of the episode."""
+        return {"task_id": self.task.id, "source": self.task.source, "kind": self.task.kind,
+                "steps": self.step_index, "ops": dict(self.ops), "tool_errors": self.tool_errors,
+                "format_errors": self.format_errors, "tokens": dict(self.tokens_used), "scratchpad": self.scratchpad,
+                "memory": [a["text"] for a in self.store.snapshot() if a.get("role") != "deleted"]
+                if self.store is not None else []}
 
     def _info(self, results: list[dict]) -> dict:
         info = {

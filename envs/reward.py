@@ -1,5 +1,5 @@
-"""The terminal reward and the episode's outcome: each question's answer scored (EM, F1, LoCoMo F1 or an LLM
-judge; an unanswered question scores 0), their mean as the score, plus optional shaping by evidence recall
+"""The terminal reward and the episode's outcome: each question's answer scored (EM, F1, LoCoMo F1, an LLM
+judge, or the user's ``package.module:function``; an unanswered question scores 0 under the built-in ones), their mean as the score, plus optional shaping by evidence recall
 at answer time (``evidence_bonus``) and relation-label accuracy (``relation_bonus``). Per-step format and
 error penalties are the step's business (envs/core.py)."""
 
@@ -14,11 +14,13 @@ from .config import EnvConfig
 
 def finish(config: EnvConfig, questions: list, answers: dict[str, str], judge, gold_evidence: set[str],
            shown_units: set[str], relation_checks: dict[str, int],
-           view_tokens: dict[str, int], terminated: bool) -> tuple[float, dict[str, Any]]:
+           view_tokens: dict[str, int], terminated: bool, episode=None) -> tuple[float, dict[str, Any]]:
     """(shaped reward, outcome) of an episode that ended (``terminated``: every question answered, else
     cut short): the outcome holds the score, EM, F1, per-question records, evidence recall,
     relation accuracy, confounder-token share (None where nothing measures them) and, when the judge could
-    not be reached, ``judge_errors`` (those questions score 0)."""
+    not be reached, ``judge_errors`` (those questions score 0). With ``reward: package.module:function`` the
+    user's function scores the episode (``episode``: a callable giving its record, built only then); the
+    shaping terms are added to it the same way."""
     c = config
     outcome: dict[str, Any] = {}
     per_q = []
@@ -27,7 +29,7 @@ def finish(config: EnvConfig, questions: list, answers: dict[str, str], judge, g
         cat = q.category if isinstance(q.category, int) else None
         em = scoring.exact_match(pred, q.answers) if pred is not None else 0.0
         f1 = scoring.f1(pred, q.answers) if pred is not None else 0.0
-        if pred is None:
+        if pred is None or scoring.is_custom_reward(c.reward):
             score = 0.0
         elif c.reward == "em":
             score = em
@@ -43,6 +45,11 @@ def finish(config: EnvConfig, questions: list, answers: dict[str, str], judge, g
                       "category": q.category})
     n = max(1, len(per_q))
     score = sum(p["score"] for p in per_q) / n
+    if scoring.is_custom_reward(c.reward):
+        score, each = scoring.custom_reward(c.reward, [q.question for q in questions], [list(q.answers) for q in questions],
+                                            [p["prediction"] for p in per_q], episode() if episode else {})
+        for p, s in zip(per_q, each or [score] * len(per_q)):
+            p["score"] = s
     recall = len(gold_evidence & shown_units) / len(gold_evidence) if gold_evidence else None
     rel = relation_checks
     rel_acc = rel["correct"] / rel["gold"] if rel["gold"] else None

@@ -1,9 +1,12 @@
-"""``atommem data synth|prepare``: build memory tasks (JSONL, one task per line).
+r"""``atommem data synth|prepare``: build memory tasks (JSONL, one task per line).
 
     atommem data synth --out tasks/synth.jsonl --tasks 100 --seed 0 --kind documents --docs 20 \
         --questions 1-3 --confounders 2
     atommem data prepare --source hotpotqa --out tasks/hotpotqa.jsonl --docs 20 --questions 2
         (--path defaults to the shipped file of the source: atommem_rl/data/benchmarks/README.md)
+    atommem data prepare --source jsonl --path my.jsonl --out tasks/mine.jsonl \
+        --context-field passages --question-field q --answer-field a
+        (your own file: one task per line, field names as given; atommem_rl/tasks/own.py, docs/OWN_DATA.md)
 
 Task format: ``atommem_rl/tasks/schema.py``; generator: ``atommem_rl/tasks/synth.py``; loaders:
 ``atommem_rl/tasks/{hotpotqa,locomo,longmemeval}.py``. Output is deterministic for a seed.
@@ -49,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=run_synth)
 
     p = kinds.add_parser("prepare", help="turn a real benchmark file into tasks")
-    p.add_argument("--source", required=True, choices=["hotpotqa", "musique", "locomo", "longmemeval"])
+    p.add_argument("--source", required=True, choices=["hotpotqa", "musique", "locomo", "longmemeval", "jsonl"])
     p.add_argument("--path", default=None, help="the benchmark file (default for hotpotqa, musique, locomo: the "
                    "subset shipped in atommem_rl/data/benchmarks; longmemeval needs one)")
     p.add_argument("--out", required=True, help="output JSONL file")
@@ -62,6 +65,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--questions-per-task", type=positive_int, default=None,
                    help="locomo: questions per task; a conversation gives several tasks (default 10)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed (default 0)")
+    own = p.add_argument_group("--source jsonl: your own file, one task per line (docs/OWN_DATA.md)")
+    own.add_argument("--context-field", default="context", help="documents (a string or a list) or chat turns "
+                     "(a list of {role, content}, or a list of sessions) (default: context)")
+    own.add_argument("--question-field", default="question", help="a question or a list (default: question)")
+    own.add_argument("--answer-field", default="answer", help="the answer(s), one entry per question (default: answer)")
+    own.add_argument("--id-field", default=None, help="the task id (default: own-<line number>)")
     p.set_defaults(func=run_prepare)
 
 
@@ -82,8 +91,8 @@ def run_prepare(args) -> int:
     from atommem_rl.tasks.schema import save_tasks
 
     if args.path is None:
-        if args.source == "longmemeval":
-            raise ValueError("--path: longmemeval ships no file here; give the LongMemEval JSON file")
+        if args.source in ("longmemeval", "jsonl"):
+            raise ValueError(f"--path: {args.source} ships no file here; give the file to prepare")
         from atommem_rl.data import benchmark_file
 
         args.path = str(benchmark_file(args.source))
@@ -91,9 +100,15 @@ def run_prepare(args) -> int:
     if args.corpus:
         input_file(args.corpus, "--corpus")
     output_file(args.out, "--out")
-    tasks = prepare.prepare(args.source, args.path, corpus=args.corpus, docs=args.docs, questions=args.questions,
-                            limit=args.limit, seed=args.seed, keep_adversarial=args.keep_adversarial,
-                            questions_per_task=args.questions_per_task)
+    if args.source == "jsonl":
+        from atommem_rl.tasks.own import prepare_jsonl
+
+        tasks = prepare_jsonl(args.path, context_field=args.context_field, question_field=args.question_field,
+                              answer_field=args.answer_field, id_field=args.id_field, limit=args.limit)
+    else:
+        tasks = prepare.prepare(args.source, args.path, corpus=args.corpus, docs=args.docs, questions=args.questions,
+                                limit=args.limit, seed=args.seed, keep_adversarial=args.keep_adversarial,
+                                questions_per_task=args.questions_per_task)
     n = save_tasks(tasks, args.out)
     print(json.dumps({"tasks": n, "questions": sum(len(t.questions) for t in tasks), "source": args.source,
                       "out": args.out}))

@@ -66,23 +66,45 @@ def _env_fields():
     return [f for f in fields(EnvConfig) if f.name not in _NOT_FLAGS]
 
 
-_UNSET = object()  # a flag not given: the checkpoint's recorded setting, else EnvConfig's default
+GIVEN = "_env_flags_given"  # the namespace attribute naming the environment flags the user gave
+
+
+def _note_given(namespace, dest: str) -> None:
+    if not hasattr(namespace, GIVEN):
+        setattr(namespace, GIVEN, set())
+    getattr(namespace, GIVEN).add(dest)
+
+
+class _Given(argparse.Action):
+    """Store the value and note the flag as given: a flag left out takes the checkpoint's recorded
+    setting, else its default (which the namespace still holds, as before)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        _note_given(namespace, self.dest)
+
+
+class _GivenBool(argparse.BooleanOptionalAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        _note_given(namespace, self.dest)
 
 
 def add_env_arguments(group) -> None:
-    """One flag per EnvConfig field (``max_answer_steps`` -> ``--max-answer-steps``), with its help and
-    choices, so that a new environment option is a flag here without further code. Unset flags stay
-    unset (``_UNSET``) so that a checkpoint's recorded environment can fill them."""
+    """One flag per EnvConfig field (``max_answer_steps`` -> ``--max-answer-steps``), with its default,
+    help and choices, so that a new environment option is a flag here without further code; the flags
+    given are noted (``GIVEN``) so that a checkpoint's recorded environment fills the others."""
     for f in _env_fields():
         flag = "--" + f.name.replace("_", "-")
         kind = str(f.type)
-        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
-        helptext = f"{f.metadata['help']} (default: the checkpoint's, else {default})"
+        helptext = f"{f.metadata['help']} (default: the checkpoint's, else %(default)s)"
         if kind == "bool":
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=_UNSET, help=helptext)
+            group.add_argument(flag, action=_GivenBool, default=f.default, help=helptext)
             continue
         typ = float if kind == "float" else int if kind.startswith("int") else str
-        group.add_argument(flag, type=typ, default=_UNSET, choices=f.metadata.get("choices"), help=helptext)
+        default = ",".join(f.default) if isinstance(f.default, tuple) else f.default
+        group.add_argument(flag, type=typ, default=default, choices=f.metadata.get("choices"), action=_Given,
+                           help=helptext)
 
 
 def env_config_from_args(args, checkpoint: str | None = None) -> dict:
@@ -91,9 +113,9 @@ def env_config_from_args(args, checkpoint: str | None = None) -> dict:
 
     from atommem_rl.training.checkpoint_env import policy_env
 
-    given = {f.name: getattr(args, f.name) for f in _env_fields() if getattr(args, f.name) is not _UNSET}
-    cfg = policy_env(checkpoint, {})
-    cfg.update(given)
+    cfg = {f.name: getattr(args, f.name) for f in _env_fields()}
+    given = getattr(args, GIVEN, set())
+    cfg.update({k: v for k, v in policy_env(checkpoint, {}).items() if k not in given})
     EnvConfig.from_kwargs(**cfg)  # validate before loading anything heavy
     return cfg
 
@@ -113,6 +135,8 @@ def main(args) -> int:
     tasks = load_tasks(args.tasks, limit=args.limit)
     if not tasks:
         raise ValueError(f"{args.tasks} holds no tasks")
+    for t in tasks if args.policy == "oracle" else ():
+        t.require_evidence("--policy oracle")
     if args.chroma:
         from atommem_rl.memory.chroma_clients import make_client, parse_url
 

@@ -38,6 +38,7 @@ _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 class _Episode:
     def __init__(self, task):
+        task.require_evidence("the oracle policy")
         self.task = task
         self.units = task.units()
         self.block_date = {u.id: b.date for b in task.blocks for u in b.units}

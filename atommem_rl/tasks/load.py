@@ -71,6 +71,7 @@ def subset(task: Task, max_blocks: int) -> Task | None:
     """The first ``max_blocks`` blocks and the questions fully answerable from them (None if none)."""
     if len(task.blocks) <= max_blocks:
         return task
+    task.require_evidence("--max-blocks (which keeps the questions answerable from the kept blocks)")
     blocks = task.blocks[:max_blocks]
     kept = {u.id for b in blocks for u in b.units}
     qs = [q for q in task.questions if q.evidence and set(q.evidence) <= kept]

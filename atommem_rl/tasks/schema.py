@@ -1,8 +1,11 @@
 """The task format shared by every environment, generator and loader (one JSON object per line).
 
 A task is a stream of *blocks* (documents, or dialogue sessions) made of *units* (sentences, or
-dialogue turns), plus questions whose gold evidence names units, plus optional gold relation labels
-between units. Units are the granularity of evidence recall and relation supervision.
+dialogue turns), plus questions whose optional gold evidence names units, plus optional gold relation
+labels between units. Units are the granularity of evidence recall and relation supervision. Gold
+evidence is needed only by what measures or imitates it (the oracle's demonstrations, ``--max-blocks``
+subsets and the ``evidence_bonus`` shaping, each of which says so); without it a task trains and
+evaluates, with evidence recall reported as null. docs/OWN_DATA.md shows minimal tasks.
 
     {"id": "synth-0-3", "kind": "documents" | "dialogue", "source": "synthetic" | "hotpotqa" | ...,
      "blocks": [{"id": "D1", "title": "...", "date": "2021-03-04",
@@ -19,8 +22,8 @@ unit is gold evidence for some question, a confounder (similar to evidence but a
 a distractor or plain context; environments use it for the confounder-token share.
 
 Every task read from a file goes through :meth:`Task.from_dict`: pydantic checks it against the
-dataclasses' annotations below (strings are strict, ``role`` and ``kind`` are literals, answers and
-evidence are non-empty lists of non-empty strings, units, questions and relations refuse unknown
+dataclasses' annotations below (strings are strict, ``role`` and ``kind`` are literals, answers are a
+non-empty list and evidence a list of non-empty strings, units, questions and relations refuse unknown
 keys), plus the per-task id checks (no duplicate unit or question id, evidence names units of the
 task); the first error becomes one line naming the field (``questions[0].answers: expected a list,
 got str 'Oslo'``). A file's loaders (:func:`iter_tasks`, ``tasks.load.load_dataset``) also refuse a task
@@ -121,7 +124,7 @@ class Question:
     id: Annotated[StrictStr, _seen("question")]
     question: Text
     answers: Texts
-    evidence: Annotated[Texts, AfterValidator(_units_known)] = field(default_factory=list)
+    evidence: Annotated[list[Text], AfterValidator(_units_known)] = field(default_factory=list)  # optional
     category: Any = None
     date: OptStr = None
 
@@ -159,6 +162,13 @@ class Task:
 
     def evidence_ids(self) -> set[str]:
         return {e for q in self.questions for e in q.evidence}
+
+    def require_evidence(self, what: str) -> None:
+        """Raise a one-line ValueError when a question has no gold evidence and ``what`` needs it."""
+        missing = [q.id for q in self.questions if not q.evidence]
+        if missing:
+            raise ValueError(f"{what} needs gold evidence, and task {self.id!r} has none for question(s) "
+                             f"{', '.join(missing[:5])} (docs/OWN_DATA.md)")
 
     def gold_labels(self) -> dict[tuple[str, str], str]:
         return {(r.new, r.old): r.label for r in self.relations}

@@ -24,6 +24,9 @@ ENV_FILE = "atommem_env.json"
 FORMAT = 1
 # settings that are objects or belong to where the policy runs, never to what it learned
 NOT_RECORDED = ("tokenizer", "client", "parser")
+# how the training scored episodes: recorded, but never carried into a later run, which scores by its own
+# measure (a custom reward module need not be importable where the checkpoint is used)
+SCORING = ("reward", "judge_url", "judge_model", "format_penalty", "error_penalty", "evidence_bonus", "relation_bonus")
 
 
 class CheckpointEnvError(ValueError):
@@ -114,7 +117,7 @@ def check_overrides(overrides: dict, source: str = "--policy-env") -> None:
 
 def policy_env(folder: str | os.PathLike | None, overrides: dict | None = None,
                source: str = "--policy-env") -> dict:
-    """The checkpoint's recorded settings with ``overrides`` on top (overrides checked first)."""
+    """The checkpoint's recorded settings (less its SCORING) with ``overrides`` on top (checked first)."""
     overrides = dict(overrides or {})
     check_overrides(overrides, source)
     recorded = read_env(folder).get("env", {})
@@ -122,7 +125,7 @@ def policy_env(folder: str | os.PathLike | None, overrides: dict | None = None,
 
     known = {f.name for f in fields(EnvConfig)}
     # a setting a newer atommem recorded and this one lacks is dropped, not an error of the user's
-    return {**{k: v for k, v in recorded.items() if k in known}, **overrides}
+    return {**{k: v for k, v in recorded.items() if k in known and k not in SCORING}, **overrides}
 
 
 def copy_env(src: str | os.PathLike, dst: str | os.PathLike) -> Path | None:

@@ -190,6 +190,8 @@ def generate(tasks: list, policy: str = "oracle", policy_kwargs: dict | None = N
     """
     from atommem_rl.rollout import make_policy, run_rollouts
 
+    for t in tasks if policy == "oracle" else ():  # said before any episode, not as crashed episodes
+        t.require_evidence("the oracle's demonstrations (demo_policy: model takes a teacher instead)")
     pending = {t.id: t for t in tasks}
     kept: dict[str, dict] = {}
     episodes, scores = 0, []
