@@ -1,4 +1,4 @@
-"""Tool ablations of a trained policy (issue 19, item 4; a benchmark, not a test): the checkpoint of a
+r"""Tool ablations of a trained policy (issue 19, item 4; a benchmark, not a test): the checkpoint of a
 quickstart run evaluated again on the run's own held-out tasks, once per variant of its environment, with
 the run's evaluation settings, in one process and one sitting:
 

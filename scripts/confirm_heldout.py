@@ -1,4 +1,4 @@
-"""Re-measure a learning-signal run on fresh held-out tasks (a benchmark, not a test).
+r"""Re-measure a learning-signal run on fresh held-out tasks (a benchmark, not a test).
 
 The run's settings were chosen by looking at its held-out set (seed 5000 in scripts/learning_signal.sh),
 so the GRPO - SFT difference measured there is biased towards the runs that happened to do well. This

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..inference.hf_engine import AUTOCAST_MODES
+from .arguments import check_arguments
 from .phases import Phases
 from .stats import episode_stats
 
@@ -107,6 +108,7 @@ class QuickstartConfig:
             for kv in getattr(self, name):
                 if "=" not in kv:
                     raise ValueError(f"{name.replace('_', '-')}: expected KEY=VALUE, got {kv!r}")
+        check_arguments(self)
         if self.tiny:
             # tiny defaults first so that explicit --*-set values win
             self.sft_set = TINY_SFT + self.sft_set
