@@ -165,3 +165,34 @@ def resume_matches_uninterrupted(stage: str, tiny: Path, tmp_path: Path, monkeyp
 @pytest.mark.parametrize("stage", ["grpo", "ppo"])
 def test_sigkill_resume_matches_uninterrupted(stage, policy, tmp_path, monkeypatch):
     resume_matches_uninterrupted(stage, policy, tmp_path, monkeypatch)
+
+
+def test_every_rank_resumes_from_the_main_process_choice(tmp_path):
+    """Ranks resolve ``resume_from_checkpoint: true`` on their own before a process group exists; with a
+    checkpoint being written they could pick different ones. ``agree_on_resume`` (called by every stage
+    once the trainer, and so the group, exists) gives each rank the main process's choice: a newer
+    checkpoint rank 1 saw, or none, is overridden; a choice rank 1 cannot read stops it with the path."""
+    from atommem_rl.models import tiny_model
+
+    from .conftest import free_port
+
+    older, newer = tmp_path / "checkpoint-1", tmp_path / "checkpoint-2"
+    for step, ckpt in ((1, older), (2, newer)):
+        tiny_model(ckpt, hidden_size=16, heads=2, kv_heads=1, intermediate_size=32)
+        (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+
+    def launch(*choices):
+        out = tmp_path / f"ranks-{len(list(tmp_path.glob('ranks-*')))}.jsonl"
+        accelerate = Path(sys.executable).with_name("accelerate")
+        res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+                              "--main_process_port", str(free_port()), str(REPO / "tests/multirank/resume_choice.py"),
+                              str(out), *map(str, choices)], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+        return sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+
+    assert [r.get("chosen") for r in launch(older, newer)] == [str(older), str(older)]
+    assert [r.get("chosen") for r in launch("none", newer)] == [None, None]
+    missing = launch(tmp_path / "checkpoint-3", older)  # rank 0 names one rank 1 cannot see
+    assert missing[0]["chosen"] == str(tmp_path / "checkpoint-3")
+    assert "rank 1 cannot read the checkpoint the main process resumes from" in missing[1]["error"]
+

@@ -171,3 +171,30 @@ def resolve_resume(value, output_dir: str | os.PathLike, parts: tuple[str, ...] 
                 print(f"atommem: warning: skipping incomplete checkpoint {ckpt}: {exc}", file=sys.stderr)
         return None
     return str(check_trainer_checkpoint(value, parts))
+
+
+def agree_on_resume(resume: str | None, parts: tuple[str, ...] = ()) -> str | None:
+    """The checkpoint every process resumes from: the main process's choice, broadcast once the process
+    group exists. ``resolve_resume`` runs on each rank before there is a group; on a shared filesystem with a
+    checkpoint being written (or one another job is deleting), ranks could pick different ones and train
+    different models from then on. A rank that cannot see the chosen checkpoint intact stops with the path."""
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    state = PartialState()
+    if state.num_processes < 2:
+        return resume
+    choice = [resume]
+    broadcast_object_list(choice, from_process=0)
+    chosen = choice[0]
+    if chosen != resume:
+        print(f"atommem: rank {state.process_index} resumes from the main process's choice {chosen} "
+              f"(it had found {resume})", file=sys.stderr)
+        if chosen is not None:
+            try:
+                check_trainer_checkpoint(chosen, parts)
+            except CheckpointError as exc:
+                raise CheckpointError(f"rank {state.process_index} cannot read the checkpoint the main process "
+                                      f"resumes from ({exc}); every node must see the same output_dir") from None
+    return chosen
+
