@@ -147,21 +147,89 @@ def check_checkpoint(path: str | os.PathLike) -> Path:
     return p
 
 
-def load_policy(path: str | os.PathLike, dtype: str | None = None, trainable: bool = False):
-    """Load ``(model, tokenizer)`` from a checkpoint folder; a LoRA adapter loads onto its base model."""
+def model_load_kwargs(config) -> dict:
+    """``from_pretrained`` keywords for every model-loading field a training recipe accepts: TRL's
+    ``model_init_kwargs``, ``attn_implementation``, ``model_revision``, ``trust_remote_code``, and 4/8-bit
+    loading (``load_in_4bit``/``load_in_8bit`` with the ``bnb_*`` fields, through TRL's
+    ``get_quantization_config``) for QLoRA. Raises ``ValueError`` naming the field for what cannot run here
+    (bitsandbytes not installed, quantized loading without LoRA, a dtype in ``model_init_kwargs``). The
+    recipes' configs call it in ``__post_init__``, so a refusal comes before any work."""
+    import importlib.util
+
+    init = getattr(config, "model_init_kwargs", None) or {}
+    if isinstance(init, str):  # TRL accepts a JSON string on the command line
+        try:
+            init = json.loads(init)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"model_init_kwargs must be a JSON object, got {init!r}: {exc}") from None
+    if not isinstance(init, dict):
+        raise ValueError(f"model_init_kwargs must be a mapping, got {type(init).__name__}")
+    for key in ("dtype", "torch_dtype"):
+        if key in init:
+            raise ValueError(f"model_init_kwargs: set the weights' dtype with the recipe's dtype key, not {key!r} "
+                             "(trainable weights are loaded in fp32 outside DeepSpeed: models.trainable_dtype)")
+    kw = dict(init)
+    if getattr(config, "attn_implementation", None):
+        kw["attn_implementation"] = config.attn_implementation
+    if getattr(config, "model_revision", None) not in (None, "", "main"):
+        kw["revision"] = config.model_revision
+    if getattr(config, "trust_remote_code", False):
+        kw["trust_remote_code"] = True
+    bits = "load_in_4bit" if getattr(config, "load_in_4bit", False) else (
+        "load_in_8bit" if getattr(config, "load_in_8bit", False) else None)
+    if bits:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ValueError(f"{bits}: quantized loading needs bitsandbytes, which is not installed "
+                             "(pip install bitsandbytes, on a CUDA machine); or set it to false")
+        if not getattr(config, "use_peft", False):
+            raise ValueError(f"{bits} trains a LoRA adapter over the quantized base model: set use_peft: true")
+        from trl import get_kbit_device_map, get_quantization_config
+
+        kw["quantization_config"] = get_quantization_config(config)
+        kw["device_map"] = get_kbit_device_map()
+    return kw
+
+
+class _HonouredInitKwargs:
+    """A logging filter for TRL's "model is already instantiated ... `model_init_kwargs` will be ignored":
+    :func:`model_load_kwargs` passes them to the policy's ``from_pretrained`` (and TRL to a reference
+    model's), so the warning would tell users the opposite of what happens."""
+
+    def filter(self, record) -> bool:
+        return "`model_init_kwargs` will be ignored" not in record.getMessage()
+
+
+def quiet_honoured_init_kwargs() -> None:
+    """Install :class:`_HonouredInitKwargs` on TRL's trainer loggers (idempotent)."""
+    import logging
+
+    for name in ("trl.trainer.grpo_trainer", "trl.trainer.sft_trainer"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _HonouredInitKwargs) for f in logger.filters):
+            logger.addFilter(_HonouredInitKwargs())
+
+
+def load_policy(path: str | os.PathLike, dtype: str | None = None, trainable: bool = False,
+                load_kwargs: dict | None = None):
+    """Load ``(model, tokenizer)`` from a checkpoint folder; a LoRA adapter loads onto its base model.
+    ``load_kwargs``: extra ``from_pretrained`` keywords (:func:`model_load_kwargs` of a recipe)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     p = check_checkpoint(path)
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
+    kw = dict(load_kwargs or {})
+    if kw:
+        quiet_honoured_init_kwargs()
+    tok_kw = {k: kw[k] for k in ("revision", "trust_remote_code") if k in kw}
     try:
-        tok = AutoTokenizer.from_pretrained(p)
+        tok = AutoTokenizer.from_pretrained(p, **tok_kw)
         if is_adapter(p):
             from peft import AutoPeftModelForCausalLM
 
-            model = AutoPeftModelForCausalLM.from_pretrained(p, dtype=torch_dtype, is_trainable=trainable)
+            model = AutoPeftModelForCausalLM.from_pretrained(p, dtype=torch_dtype, is_trainable=trainable, **kw)
         else:
-            model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype)
+            model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, **kw)
     except (OSError, ValueError, RuntimeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"cannot load model checkpoint {p}: {type(exc).__name__}: {exc}") from exc
     if tok.pad_token is None:

@@ -22,6 +22,54 @@ def test_group_advantages_by_hand():
     assert group_advantages(torch.tensor([0.3, 0.3]), 2, "group").tolist() == [0.0, 0.0]
 
 
+def test_groups_that_scored_the_same_get_exactly_zero_advantages():
+    """Returns are means of per-question scores (1/3, 2/3...): a group whose returns are all equal must
+    get exact zeros whatever float rounding its mean leaves (it is then dropped, skipped and kept out of
+    the token normaliser), under every scaling; an informative group beside it keeps its values."""
+    third = torch.tensor([1.0, 1.0, 1.0]).div(3.0)
+    returns = torch.cat([third, torch.tensor([0.1, 0.7, 0.2])]).float()
+    for scale in ("none", "group", "batch"):
+        adv = group_advantages(returns, 3, scale)
+        assert adv[:3].tolist() == [0.0, 0.0, 0.0] and all(a != 0 for a in adv[3:].tolist()), scale
+    # the float32 mean of these values is not exactly them (what the exact zeros guard against)
+    odd = torch.tensor([0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1], dtype=torch.float32)
+    assert group_advantages(odd, 7, "group").tolist() == [0.0] * 7
+
+
+def test_cpu_levers_default_to_the_device():
+    """grouped_attention and shared_prefix_generation: None means on for CPU training, off on CUDA;
+    an explicit value is kept."""
+    from types import SimpleNamespace
+
+    from atommem_rl.training.grpo import device_defaults
+
+    for device, want in (("cpu", True), ("cuda", False)):
+        args = SimpleNamespace(grouped_attention=None, shared_prefix_generation=None)
+        device_defaults(args, torch.device(device))
+        assert args.grouped_attention is want and args.shared_prefix_generation is want
+    args = SimpleNamespace(grouped_attention=True, shared_prefix_generation=False)
+    device_defaults(args, torch.device("cuda"))
+    assert args.grouped_attention is True and args.shared_prefix_generation is False
+
+
+def test_zero_advantage_modes_and_the_keys_they_replaced(tmp_path):
+    from atommem_rl.training.grpo import ZERO_ADVANTAGE_MODES, zero_advantage_mode
+    from atommem_rl.training.recipes import RecipeError, parse_recipe_args
+
+    assert zero_advantage_mode(GRPORecipeConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none")) \
+        == (False, True, False)  # skip by default
+    assert set(ZERO_ADVANTAGE_MODES) == {"train", "skip", "hold", "drop", "drop_hold"}
+    with pytest.raises(ValueError, match="zero_advantage must be one of"):
+        GRPORecipeConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", zero_advantage="sometimes")
+    recipe = tmp_path / "grpo.yaml"
+    recipe.write_text("hold_on_zero_advantage: true\n")
+    with pytest.raises(RecipeError, match="'hold_on_zero_advantage' was replaced by zero_advantage"):
+        parse_recipe_args(GRPORecipeConfig, ["--config", str(recipe)])
+    with pytest.raises(RecipeError, match="'skip_zero_advantage' was replaced by zero_advantage"):
+        parse_recipe_args(GRPORecipeConfig, ["--skip_zero_advantage", "false", "--output_dir", str(tmp_path),
+                                             "--use_cpu", "true", "--report_to", "none"])
+
+
 def test_episode_advantage_reaches_every_step():
     episodes = [[([1], [2], None), ([3], [4], None), ([5], [6], None)], [([7], [8], None)]]
     samples = step_samples(episodes, [0.5, -0.5])
@@ -216,3 +264,28 @@ def test_ppo_trains_policy_and_critic(tiny, tmp_path):
     history = json.loads((tmp_path / "ppo" / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
     assert "critic/value_loss" in history and "critic/value_mean" in history
     assert (tmp_path / "ppo" / "critic" / "config.json").exists()
+
+
+def test_model_loading_fields_are_honoured_or_refused(tiny, tmp_path):
+    """Every model-loading field a recipe accepts reaches the policy's from_pretrained (attn_implementation,
+    model_init_kwargs; before, both were parsed and silently ignored) or is refused before any work, naming
+    the field: 4-bit loading without bitsandbytes (a QLoRA recipe used to train plain LoRA), a dtype in
+    model_init_kwargs."""
+    import importlib.util
+
+    from atommem_rl.training.sft import SFTRecipeConfig
+
+    trainer = build_trainer(small_config(tiny, tmp_path / "eager", attn_implementation="eager"))
+    assert trainer.accelerator.unwrap_model(trainer.model).config._attn_implementation == "eager"
+    trainer = build_trainer(small_config(tiny, tmp_path / "init", model_init_kwargs={"attn_implementation": "eager"},
+                                         grouped_attention=False))
+    assert trainer.accelerator.unwrap_model(trainer.model).config._attn_implementation == "eager"
+    if importlib.util.find_spec("bitsandbytes") is None:
+        with pytest.raises(ValueError, match="load_in_4bit: quantized loading needs bitsandbytes"):
+            small_config(tiny, tmp_path / "q", load_in_4bit=True, use_peft=True)
+        with pytest.raises(ValueError, match="load_in_8bit: quantized loading needs bitsandbytes"):
+            SFTRecipeConfig(model_name_or_path=str(tiny), output_dir=str(tmp_path / "s"), use_cpu=True,
+                            report_to="none", load_in_8bit=True, use_peft=True)
+    with pytest.raises(ValueError, match="model_init_kwargs: set the weights' dtype with the recipe's dtype key"):
+        small_config(tiny, tmp_path / "d", model_init_kwargs={"dtype": "bfloat16"})
+

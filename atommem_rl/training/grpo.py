@@ -175,6 +175,9 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
         if not self.vllm_request_timeout > 0 or self.vllm_round_retries < 0:
             raise ValueError("vllm_request_timeout must be above 0 and vllm_round_retries at least 0, got "
                              f"{self.vllm_request_timeout!r} and {self.vllm_round_retries!r}")
+        from ..models import model_load_kwargs
+
+        model_load_kwargs(self)  # refuses, naming the field, model-loading settings that cannot run here
         if self.zero_advantage not in ZERO_ADVANTAGE_MODES:
             raise ValueError(f"zero_advantage must be one of {', '.join(ZERO_ADVANTAGE_MODES)}, got {self.zero_advantage!r}")
 
@@ -827,11 +830,12 @@ class StepwiseGRPOTrainer(GRPOTrainer):
 
 def build_trainer(config: GRPORecipeConfig, trainer_cls: type = StepwiseGRPOTrainer, **extra) -> StepwiseGRPOTrainer:
     """The policy (optionally LoRA), the tasks as TRL rows, and the step-wise trainer."""
-    from ..models import launched_with_deepspeed, load_policy, trainable_dtype
+    from ..models import launched_with_deepspeed, load_policy, model_load_kwargs, trainable_dtype
 
     tasks = load_train_tasks(config)
     dtype = trainable_dtype(config.dtype, launched_with_deepspeed(config))
-    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), dtype=dtype, trainable=True)
+    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), dtype=dtype, trainable=True,
+                                   load_kwargs=model_load_kwargs(config))
     peft_config = None
     if config.use_peft:
         from trl import get_peft_config
@@ -856,6 +860,9 @@ def train(config: GRPORecipeConfig, build=build_trainer, phase: str = "grpo", on
     trainer = build(config)
     from .checkpoint_env import write_env  # its environment, beside the weights
     write_env(config.output_dir, config.env_config, phase)
+    from .checkpoints import agree_on_resume  # every rank the main process's choice, now that a group exists
+
+    resume = agree_on_resume(resume, getattr(config, "checkpoint_parts", ()))
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(config.output_dir)
     if on_trained is not None:

@@ -104,6 +104,9 @@ class SFTRecipeConfig(SFTConfig, ModelConfig, TaskSource):
             raise ValueError("merge_lora needs use_peft: true")
         ModelConfig.__post_init__(self)  # not reached through SFTConfig's chain
         super().__post_init__()
+        from atommem_rl.models import model_load_kwargs
+
+        model_load_kwargs(self)  # refuses, naming the field, model-loading settings that cannot run here
 
 
 
@@ -158,14 +161,15 @@ def build_trainer(config: SFTRecipeConfig, rows: list[dict] | None = None):
     """An ``SFTTrainer`` on the demonstrations (no training yet): model, tokenizer, dataset, LoRA."""
     from trl import SFTTrainer, get_peft_config
 
-    from atommem_rl.models import launched_with_deepspeed, load_policy, trainable_dtype
+    from atommem_rl.models import launched_with_deepspeed, load_policy, model_load_kwargs, trainable_dtype
 
     from .demonstrations import to_dataset
 
     if rows is None:
         rows, _ = demonstration_rows(config)
     dtype = trainable_dtype(config.dtype, launched_with_deepspeed(config))
-    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), dtype=dtype)
+    model, tokenizer = load_policy(resolve_path(config.model_name_or_path), dtype=dtype,
+                                   load_kwargs=model_load_kwargs(config))
     trainer = SFTTrainer(model=model, args=config, train_dataset=to_dataset(rows), processing_class=tokenizer,
                          peft_config=get_peft_config(config))
     # SFTTrainer silently drops examples whose assistant tokens all fall beyond max_length.
@@ -223,6 +227,9 @@ def train(config: SFTRecipeConfig) -> dict:
     trainer = build_trainer(config, rows)
     from .checkpoint_env import write_env  # its environment, beside the weights
     write_env(config.output_dir, config.env_config, "sft")
+    from .checkpoints import agree_on_resume  # every rank the main process's choice, now that a group exists
+
+    resume = agree_on_resume(resume, getattr(config, "checkpoint_parts", ()))
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(config.output_dir)
     summary = {"output_dir": config.output_dir, "run_name": config.run_name, "examples": len(rows),
