@@ -162,6 +162,49 @@ def test_returns_and_advantages_are_logged_under_their_own_keys(tiny, tmp_path, 
     assert shown["advantages"] == pytest.approx([r[0] - mean, r[0] - mean, r[1] - mean])
 
 
+def test_trl_generation_diagnostics_are_logged_under_trls_names(tiny, tmp_path, monkeypatch):  # noqa: F811
+    """The step-wise override logs what TRL's own _generate_and_score_completions logs (completion lengths,
+    the share cut at max_completion_length, num_tokens, frac_reward_zero_std), by hand on fixed episodes;
+    and the vLLM mismatch diagnostics plus the share of masked sequences from an importance-sampling ratio."""
+    from types import SimpleNamespace
+
+    from atommem_rl.training.diagnostics import log_generation_diagnostics
+
+    trainer = build_trainer(small_config(tiny, tmp_path / "diag", synth_tasks=1))
+    eos = trainer._tokenizer.eos_token_id
+    prompt = [1, 40, 41]
+    # episode 0: 3 + 16 (cut) completion tokens, episode 1: 2 + 4; prompts 3 + 4 + 3 + 4 tokens
+    fixed_episodes(monkeypatch, [[(prompt, [100, 101, eos]), (prompt + [7], [102] * 16)],
+                                 [(prompt, [103, eos]), (prompt + [8], [104, 105, 106, eos])]], [0.5, 0.5])
+    trainer.model.train()
+    trainer._generate_and_score_completions(one_group(trainer))
+    m = trainer._metrics["train"]
+    assert m["completions/mean_length"][-1] == pytest.approx((3 + 16 + 2 + 4) / 4)
+    assert (m["completions/min_length"][-1], m["completions/max_length"][-1]) == (2.0, 16.0)
+    assert m["completions/clipped_ratio"][-1] == pytest.approx(0.25)
+    assert m["completions/max_terminated_length"][-1] == 4.0
+    assert m["num_tokens"] == [float(3 + 4 + 3 + 4 + 25)]
+    assert m["frac_reward_zero_std"][-1] == 1.0  # the one group scored 0.5 and 0.5
+
+    # the importance-sampling diagnostics, by hand: 2 trained rows, sequence_mask zeroed the second
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [0, 0, 0]])
+    old = torch.tensor([[-1.0, -1.0, 0.0], [-2.0, -1.0, -1.0], [0.0, 0.0, 0.0]])
+    sampled = torch.tensor([[-1.5, -1.0, 0.0], [-1.0, float("nan"), -1.0], [0.0, 0.0, 0.0]])
+    ratio = torch.tensor([[1.6], [0.0], [1.0]])
+    from collections import defaultdict
+
+    fake = SimpleNamespace(_metrics={"eval": defaultdict(list)}, eos_token_ids=[eos],
+                           _tokenizer=trainer._tokenizer, accelerator=trainer.accelerator, state=trainer.state)
+    log_generation_diagnostics(fake, "eval", [], {"completion_mask": mask, "old_per_token_logps": old,
+                                                 "sampling_per_token_logps": sampled, "importance_sampling_ratio": ratio},
+                               torch.tensor([0.0, 1.0]), 2)
+    d = fake._metrics["eval"]
+    assert d["sampling/sampling_logp_difference/mean"] == [pytest.approx((0.5 + 0 + 1 + 0) / 4)]
+    assert d["sampling/sampling_logp_difference/max"] == [pytest.approx(1.0)]
+    assert d["sampling/importance_sampling_ratio/min"] == [0.0] and d["sampling/importance_sampling_ratio/max"] == [pytest.approx(1.6)]
+    assert d["sampling/masked_sequence_ratio"] == [0.5] and d["frac_reward_zero_std"] == [0.0]
+
+
 # -- 5. defect 5: the GPU extra's vLLM pin -------------------------------------------------------------
 def test_gpu_extra_pins_vllm_inside_trls_supported_range(monkeypatch):
     """pyproject.toml's ``gpu`` extra pins one vLLM version, inside the range the installed TRL declares

@@ -452,6 +452,9 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         }
         self._score_old_and_ref(output, samples, mode)
         self._log_episodes(mode, recs, all_returns, n_steps, completion_tokens)
+        from .diagnostics import log_generation_diagnostics  # TRL's own metrics, which TRL's override logged
+
+        log_generation_diagnostics(self, mode, samples[:n_real], output, all_returns, group)
         if self.log_completions:
             real = samples[:n_real]
             self._logs["prompt"].extend(gather_object([self._tokenizer.decode(s[0][-400:]) for s in real]))
