@@ -51,6 +51,21 @@ def test_a_failed_server_round_raises_on_every_rank(tmp_path):
     assert all("ConnectionError: scripted: the server went away" in r["message"] for r in ranks)
 
 
+def test_a_mismatched_completion_stops_every_rank(tmp_path):
+    """The server answers rank 1's second-round prompts with completions of another prompt: the main
+    process checks every rank's echoes and every rank raises CompletionMismatch in that round (before,
+    rank 1 raised alone and rank 0 waited in the next round's gather)."""
+    out = tmp_path / "ranks.jsonl"
+    accelerate = Path(sys.executable).with_name("accelerate")
+    res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+                          "--main_process_port", str(free_port()), str(REPO / "tests/multirank/server_rounds.py"),
+                          str(out), "mismatch"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+    assert [(r["rank"], r["round"], r["error"]) for r in ranks] == [(0, 1, "CompletionMismatch"), (1, 1, "CompletionMismatch")]
+    assert all("per rank: [0, 4]" in r["message"] for r in ranks)
+
+
 def test_importance_sampling_modes_by_hand():
     from atommem_rl.training.grpo import importance_sampling_ratio
 

@@ -44,8 +44,16 @@ if TYPE_CHECKING:  # pragma: no cover
 SERVER_CONCURRENCY = 64
 
 
-class CompletionMismatch(RuntimeError):
-    """The vLLM server answered a round with completions of other prompts than the ones sent."""
+class CompletionMismatch(PolicyUnavailable):
+    """The vLLM server answered a round with completions of other prompts than the ones sent. Checked on the
+    main process for every rank's prompts and raised on every rank (a rank stopping alone would leave the
+    others waiting in the next collective)."""
+
+
+class GenerationFailed(PolicyUnavailable):
+    """A generation round raised on this rank (the model, the backend). It stops the run rather than crashing
+    the batch's episodes: ``act_or_crash`` would otherwise retry them one by one, each retry one more round on
+    this rank only, and under several processes the ranks would no longer take part in the same rounds."""
 
 
 class ServerRoundError(PolicyUnavailable):
@@ -188,19 +196,25 @@ class TrainerPolicy(Policy):
             return [], None, False
         payload = [None]
         if acc.is_main_process:
-            payload = [self._ask_with_retries(vg, [item for r in per_rank for item in r])]
+            flat = [item for r in per_rank for item in r]
+            payload = [self._ask_with_retries(vg, flat)]
+            if payload[0][0] == "ok":  # every rank's echoes checked here, so a mismatch stops every rank alike
+                echoed = payload[0][1][2]
+                bad = [sum(int(echoed[i] != flat[i][0]) for i in range(sum(counts[:r]), sum(counts[:r + 1])))
+                       for r in range(len(counts))]
+                if any(bad):
+                    payload = [("mismatch", bad)]
         broadcast_object_list(payload, from_process=0)
         status, answer = payload[0]
         if status == "error":  # the same message on every rank
             raise ServerRoundError(answer)
-        completions, logprobs, echoed = answer
+        if status == "mismatch":
+            self.mismatched_completions += answer[acc.process_index]
+            raise CompletionMismatch(f"completions from the vLLM server belong to other prompts than the ones sent "
+                                     f"(per rank: {answer}) at global step {t.state.global_step}")
+        completions, logprobs, _ = answer
         start = sum(counts[: acc.process_index])
         mine = slice(start, start + len(prompt_ids))
-        bad = sum(int(e != p) for e, p in zip(echoed[mine], prompt_ids, strict=True))
-        self.mismatched_completions += bad
-        if bad:
-            raise CompletionMismatch(f"rank {acc.process_index}: {bad} of {len(prompt_ids)} completions from the "
-                                     "vLLM server belong to other prompts than the ones this rank sent")
         return completions[mine], logprobs[mine], True
 
     def _ask_with_retries(self, vg, items: list[tuple[list[int], int]]) -> tuple[str, Any]:
@@ -274,13 +288,22 @@ class TrainerPolicy(Policy):
         return out
 
     def act(self, batch):
-        prompt_ids = []
-        for _, obs, _ in batch:
-            text = self.tok.apply_chat_template(obs, tokenize=False, add_generation_prompt=True)
-            prompt_ids.append(self.tok.encode(text, add_special_tokens=False))
-        # a step's sampling seed: the episode's reset seed and the step's index in the episode
-        row_seeds = [mix(self.seed + key, len(self.steps[key])) for key, _, _ in batch]
-        completion_ids, logprobs, _ = self._round(prompt_ids, row_seeds)
+        """One round for the batch. Any failure stops the run (:class:`GenerationFailed`, or the server's
+        errors, raised alike on every rank): never a per-episode crash, see :class:`GenerationFailed`."""
+        try:
+            prompt_ids = []
+            for _, obs, _ in batch:
+                text = self.tok.apply_chat_template(obs, tokenize=False, add_generation_prompt=True)
+                prompt_ids.append(self.tok.encode(text, add_special_tokens=False))
+            # a step's sampling seed: the episode's reset seed and the step's index in the episode
+            row_seeds = [mix(self.seed + key, len(self.steps[key])) for key, _, _ in batch]
+            completion_ids, logprobs, _ = self._round(prompt_ids, row_seeds)
+        except PolicyUnavailable:
+            raise
+        except Exception as exc:
+            t = self.trainer
+            raise GenerationFailed(f"generation failed on rank {t.accelerator.process_index} at global step "
+                                   f"{t.state.global_step}: {type(exc).__name__}: {exc}") from exc
         texts = self.tok.batch_decode(completion_ids, skip_special_tokens=True)
         for i, (key, _, _) in enumerate(batch):
             lp = None if logprobs is None or logprobs[i] is None else list(logprobs[i])

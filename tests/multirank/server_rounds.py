@@ -5,7 +5,7 @@ The vLLM server is scripted (a test must script the model's output to check whic
 belongs to): its completion of a prompt is the prompt's last two tokens and the seed's low byte, and it
 echoes the prompt ids, as vLLM's /v1/completions does. Writes one JSON line per rank to argv[1].
 With argv[2] == "fail" the server refuses the second round's requests (a connection error), and each rank
-writes the error it raised instead.
+writes the error it raised instead; with "mismatch" it answers rank 1's second-round prompts as other prompts.
 """
 
 import json
@@ -19,9 +19,10 @@ from atommem_rl.training.rounds import TrainerPolicy
 
 
 class ScriptedServer:
-    def __init__(self, fail_round: int | None = None):
+    def __init__(self, fail_round: int | None = None, mismatch_round: int | None = None):
         self.calls = 0
         self.fail_round = fail_round
+        self.mismatch_round = mismatch_round
         self.lock = threading.Lock()
 
     def generate(self, prompts, generation_kwargs=None, **params):
@@ -30,6 +31,8 @@ class ScriptedServer:
         seed = generation_kwargs["seed"]
         if self.fail_round is not None and (seed % 1000) // 10 == self.fail_round:  # the seeds below hold the round
             raise ConnectionError("scripted: the server went away")
+        if self.mismatch_round is not None and seed // 1000 == 1 and (seed % 1000) // 10 == self.mismatch_round:
+            prompts = [[9, 9, 9] for _ in prompts]  # rank 1's prompts answered as another prompt's
         return {"prompt_ids": [list(p) for p in prompts], "completion_ids": [[p[-2], p[-1], seed % 256] for p in prompts],
                 "logprobs": [[[-0.5]] * 3 for _ in prompts]}
 
@@ -37,7 +40,7 @@ class ScriptedServer:
 def main(out: str, mode: str = "") -> None:
     acc = Accelerator(cpu=True)
     rank = acc.process_index
-    server = ScriptedServer(fail_round=1 if mode == "fail" else None)
+    server = ScriptedServer(fail_round=1 if mode == "fail" else None, mismatch_round=1 if mode == "mismatch" else None)
     vg = SimpleNamespace(vllm_client=server, repetition_penalty=1.0, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
                          max_completion_length=8, logprobs=0, structured_outputs_regex=None, generation_kwargs={},
                          sync_weights=lambda: None)
@@ -51,7 +54,7 @@ def main(out: str, mode: str = "") -> None:
     for r, n in enumerate(plan):
         prompts = [[rank + 1, 100 * r + i, 7 * i + rank] for i in range(n)]
         seeds = [1000 * rank + 10 * r + i for i in range(n)]
-        if mode == "fail":
+        if mode in ("fail", "mismatch"):
             try:
                 policy._round(prompts, seeds)
             except Exception as exc:
@@ -62,7 +65,7 @@ def main(out: str, mode: str = "") -> None:
         completions, logprobs, busy = policy._round(prompts, seeds)
         assert busy and len(completions) == n and len(logprobs) == n
         mismatched += sum(c != [p[-2], p[-1], s % 256] for c, p, s in zip(completions, prompts, seeds))
-    if mode == "fail":
+    if mode in ("fail", "mismatch"):
         _close(acc)
         return
     policy.drain()
