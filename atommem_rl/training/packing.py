@@ -59,7 +59,12 @@ from trl.kernels import ChunkedLogProbFunction
 
 from atommem_rl.precision import autocast_dtype
 
+from . import fsdp_cpu
 from .tree_attention import TREE_KWARGS, tree_attention_name, use_tree_attention
+
+# before any Accelerator is built (the trainers import this module): accelerate's FSDP2 on CPU ranks, for
+# rehearsals only, when ATOMMEM_REHEARSE_FSDP_ON_CPU=1 (see fsdp_cpu.py); a no-op otherwise
+fsdp_cpu.install()
 
 # TRL's vocabulary tile for the chunked log-probabilities (trl.trainer.utils)
 VOCAB_CHUNK = 32768
@@ -181,6 +186,55 @@ def _causal_lm_parts(model):
     return inner.base_model, inner.get_output_embeddings(), getattr(text_config, "final_logit_softcapping", None)
 
 
+def sharding_refusal(distributed_type, *, fsdp2: bool) -> str | None:
+    """Why the packed update cannot run under ``distributed_type`` (accelerate's), or None where it can: one
+    process, DDP, FSDP2. Not DeepSpeed: accelerate's backward there steps the engine on every backward made
+    on an accumulation boundary (the engine counts micro-steps itself), so the several backwards of a packed
+    micro-step would each count as one, and DeepSpeed cannot run on a CPU machine to test another way. Not
+    FSDP1 (flat parameters, untested): use FSDP2."""
+    from accelerate.utils import DistributedType
+
+    if distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        return None
+    if distributed_type == DistributedType.FSDP and fsdp2:
+        return None
+    if distributed_type == DistributedType.DEEPSPEED:
+        return ("max_tokens_per_microbatch is not supported under DeepSpeed (ZeRO-3 and ZeRO-2): launch with "
+                "recipes/accelerate/fsdp2.yaml (FSDP2) for a packed update, or set max_tokens_per_microbatch: 0")
+    if distributed_type == DistributedType.FSDP:
+        return ("max_tokens_per_microbatch needs FSDP2 (fsdp_version: 2, recipes/accelerate/fsdp2.yaml), not FSDP1; "
+                "or set max_tokens_per_microbatch: 0")
+    return (f"max_tokens_per_microbatch runs on one process, DDP or FSDP2, not under {distributed_type.value}; "
+            "set max_tokens_per_microbatch: 0")
+
+
+def is_sharded(model) -> bool:
+    """Whether ``model`` (or a module in it) is sharded by FSDP2's ``fully_shard``: its parameters are DTensor
+    shards, gathered only inside its modules' forwards."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
+def _sharded_logprobs(model, call: dict[str, Any], inputs: dict[str, Any], with_entropy: bool):
+    """:func:`packed_logprobs` of an FSDP2-sharded model: TRL's fused LM head (``add_fused_lm_head``, which
+    GRPOTrainer installs on the policy and the reference model) inside the model's own forward, so FSDP2's
+    hooks gather every layer and its ``full_tensor()`` gathers the sharded head once; the backward reduces
+    through FSDP2's post-backward hooks. It scores the positions whose label is not -100 on Triton devices
+    and every position elsewhere (TRL's rule); the loss terms read their positions."""
+    out = model(**call, shift_labels=inputs["shift_labels"][None], fused_lm_head=True)
+    if getattr(out, "log_probs", None) is None:
+        raise RuntimeError("a packed update of an FSDP-sharded model needs TRL's fused LM head on it "
+                           "(trl.trainer.utils.add_fused_lm_head, installed by GRPOTrainer)")
+    at = inputs["token_index"]
+    logps = out.log_probs[0][at]
+    if not with_entropy:
+        return logps
+    if out.entropy is None:
+        raise RuntimeError("the model's fused LM head computes no entropy (add_fused_lm_head outputs)")
+    return logps, out.entropy[0][at]
+
+
 def packed_logprobs(model, inputs: dict[str, Any], *, temperature: float = 1.0, score: str = "trained",
                     attn_implementation: str | None = None, forward_model=None, with_entropy: bool = False):
     """Log-probability (M,) of every loss term of a packed micro-batch, from one forward over its row.
@@ -190,14 +244,20 @@ def packed_logprobs(model, inputs: dict[str, Any], *, temperature: float = 1.0, 
     TRL's fused head does off Triton devices. ``forward_model``: a wrapper of ``model`` (DDP) whose forward
     must run so its gradient hooks fire: the whole causal LM is called through it (its LM head on one
     position only) and the backbone's output is taken with a forward hook. ``with_entropy``: also the
-    entropy (M,) of each term's distribution (TRL logs it); returns (logps, entropies) then."""
+    entropy (M,) of each term's distribution (TRL logs it); returns (logps, entropies) then.
+
+    A model sharded by FSDP2 (:func:`is_sharded`) is scored by TRL's fused LM head inside its forward
+    (:func:`_sharded_logprobs`; its temperature is the one the trainer installed it with): reading
+    ``head.weight`` here would see a DTensor shard."""
     if score not in ("trained", "all"):
         raise ValueError(f"score must be 'trained' or 'all', got {score!r}")
-    backbone, head, softcap = _causal_lm_parts(model)
     name = attn_implementation or tree_attention_name(inputs["input_ids"].device)
     call = dict(input_ids=inputs["input_ids"][None], position_ids=inputs["position_ids"][None], use_cache=False,
                 **tree_kwargs(inputs))
     use_tree_attention(model, name)  # for good: a checkpointed layer recomputes its forward in backward
+    if is_sharded(forward_model if forward_model is not None else model):
+        return _sharded_logprobs(forward_model if forward_model is not None else model, call, inputs, with_entropy)
+    backbone, head, softcap = _causal_lm_parts(model)
     if forward_model is None:
         hidden = backbone(**call).last_hidden_state[0]
     else:

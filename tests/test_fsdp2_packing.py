@@ -1,0 +1,114 @@
+"""The packed update (max_tokens_per_microbatch) under FSDP2 on 2 gloo CPU ranks, through accelerate's own FSDP2
+preparation (recipes/accelerate/fsdp2_cpu.yaml with the rehearsal switch ATOMMEM_REHEARSE_FSDP_ON_CPU=1,
+atommem_rl/training/fsdp_cpu.py), against TRL's padded rows under FSDP2 and against the same driver under DDP
+(cpu_2proc.yaml); and the refusals of the sharded modes it does not support (DeepSpeed, FSDP1).
+
+tests/fsdp2_ranks.py runs the real trainer on uneven work (rank 1 drops a zero-advantage group: half the step
+samples of rank 0) with beta > 0, so the no-gradient old-policy and reference passes run packed too.
+Tolerances (fp32): log-probabilities within 1e-4, gradient cosine >= 0.9999 and max difference <= 1e-4 of the
+largest gradient entry, as on one process (tests/test_packed_trainer.py)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import REPO, free_port
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from atommem_rl.models import tiny_model
+
+    return tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def _launch(config: str, tiny: Path, out: Path, mode: str, **env) -> None:
+    accelerate = Path(sys.executable).with_name("accelerate")
+    res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate" / config),
+                          "--main_process_port", str(free_port()), str(REPO / "tests/fsdp2_ranks.py"), str(tiny),
+                          str(out), str(out / f"run_{mode}"), mode], cwd=REPO, capture_output=True, text=True,
+                         timeout=540, env={**os.environ, **env})
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_fsdp2_packed_update_equals_rows_and_ddp_with_equal_collectives(tiny, tmp_path):
+    _launch("fsdp2_cpu.yaml", tiny, tmp_path, "fsdp2", ATOMMEM_REHEARSE_FSDP_ON_CPU="1")
+    _launch("cpu_2proc.yaml", tiny, tmp_path, "ddp")
+    lines = [json.loads(x) for x in (tmp_path / "ranks.jsonl").read_text().splitlines()]
+    fsdp = sorted((r for r in lines if r["mode"] == "fsdp2"), key=lambda r: r["rank"])
+    assert [r["rank"] for r in fsdp] == [0, 1]
+    assert fsdp[0]["samples"] > fsdp[1]["samples"] and fsdp[0]["planned"] > fsdp[1]["planned"]  # uneven work
+    assert fsdp[0]["per_step"] == fsdp[1]["per_step"] and sum(fsdp[0]["per_step"]) >= fsdp[0]["planned"]
+    for name in ("old", "ref", "rows", "packed"):  # every collective-bearing forward/backward paired across ranks
+        assert fsdp[0][name] == fsdp[1][name], name
+        assert fsdp[0][name]["all_gathers"] > 0, name  # FSDP2 really gathered
+    assert fsdp[0]["old"]["forwards"] == fsdp[0]["ref"]["forwards"] >= fsdp[0]["planned"] > fsdp[1]["planned"]
+    assert fsdp[0]["packed"]["forwards"] == sum(fsdp[0]["per_step"])
+    for name in ("rows", "packed"):  # gradients reduced once per optimizer step: one reduce-scatter per group
+        assert fsdp[0][name]["reduce_scatters"] == fsdp[0]["fsdp_groups"] > 0, name
+    for r in fsdp:
+        assert r["old_logp_diff"] <= 1e-4 and r["ref_logp_diff"] <= 1e-4
+        assert r["grad_max"] > 0 and r["cosine"] >= 0.9999 and r["max_diff"] <= 1e-4 * max(r["grad_max"], 1.0)
+        assert r["packed_loss"] == pytest.approx(r["row_loss"], rel=1e-5, abs=1e-6)
+    assert fsdp[0]["grad_sum"] == pytest.approx(fsdp[1]["grad_sum"], rel=1e-6)  # reduced: the same on both
+
+    # FSDP2 against DDP: the same rollouts (and reference log-probabilities), the same update
+    for rank in (0, 1):
+        a, b = (torch.load(tmp_path / f"{m}_batch{rank}.pt") for m in ("fsdp2", "ddp"))
+        for k in ("prompt_ids", "completion_ids", "completion_mask", "advantages"):
+            assert torch.equal(a[k], b[k]), k
+        assert (a["ref_per_token_logps"] - b["ref_per_token_logps"]).abs().max().item() <= 1e-4
+    g_fsdp, g_ddp = (torch.load(tmp_path / f"{m}_grads.pt") for m in ("fsdp2", "ddp"))
+    for path in ("rows", "packed"):
+        ref = g_ddp["rows"]
+        cos = torch.nn.functional.cosine_similarity(g_fsdp[path], ref, dim=0).item()
+        assert cos >= 0.9999 and (g_fsdp[path] - ref).abs().max().item() <= 1e-4 * ref.abs().max().item(), path
+
+
+def test_sharded_modes_the_packed_update_refuses():
+    from accelerate.utils import DistributedType
+
+    from atommem_rl.training.packing import sharding_refusal
+
+    for ok in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        assert sharding_refusal(ok, fsdp2=False) is None
+    assert sharding_refusal(DistributedType.FSDP, fsdp2=True) is None
+    assert "DeepSpeed" in sharding_refusal(DistributedType.DEEPSPEED, fsdp2=False)
+    assert "FSDP2" in sharding_refusal(DistributedType.FSDP, fsdp2=False)
+
+
+def test_zero3_refuses_packing_on_the_built_trainer(tiny, tmp_path, monkeypatch):
+    """DeepSpeed cannot run here: the trainer's own check, on a real trainer whose accelerator reports DeepSpeed
+    (accelerate's state set as a ZeRO-3 launch sets it), refuses the packed update with one clear line."""
+    from accelerate.utils import DistributedType
+
+    from atommem_rl.training.grpo import build_trainer, refuse_unsupported_packing
+
+    from .test_grpo import small_config
+
+    trainer = build_trainer(small_config(tiny, tmp_path / "t"))
+    refuse_unsupported_packing(trainer)  # packing off: nothing to refuse
+    trainer.args.max_tokens_per_microbatch = 4096
+    refuse_unsupported_packing(trainer)  # one process: supported
+    monkeypatch.setattr(trainer.accelerator.state, "distributed_type", DistributedType.DEEPSPEED)
+    with pytest.raises(ValueError, match="not supported under DeepSpeed.*fsdp2.yaml") as err:
+        refuse_unsupported_packing(trainer)
+    assert "\n" not in str(err.value)
+
+
+def test_rehearsal_switch_is_off_unless_asked(monkeypatch):
+    from atommem_rl.training import fsdp_cpu
+
+    monkeypatch.delenv(fsdp_cpu.ENV, raising=False)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert not fsdp_cpu.requested() and not fsdp_cpu.install()
+    monkeypatch.setenv(fsdp_cpu.ENV, "1")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "false")  # a DDP launch: nothing to rehearse
+    assert not fsdp_cpu.requested()
