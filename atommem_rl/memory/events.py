@@ -9,22 +9,11 @@ lists (omitted when empty: Chroma rejects empty lists), the time span as day ord
 (creation order). Chroma is the source of truth; the layer keeps a mirror that a new process
 rebuilds from the collection (``EventLayer(store)`` on a reopened store).
 
-Placement (``place`` / ``assign`` without an explicit id). For an atom ``x`` and each event ``E``:
-
-1. Filters (shared metadata; all must pass):
-   * open: ``E`` is not closed and has fewer than ``max_atoms`` members;
-   * participants: ``x`` and ``E`` share a participant, or both have none;
-   * time: if both have a time span, the gap between the spans (0 when they overlap) is at most
-     ``window_days``; an unknown time on either side does not block.
-2. Hybrid similarity ``s = w_cos * cos(v(x), c(E)) + w_jac * J(K(x), K(E))`` with the defaults
-   ``w_cos = 0.7``, ``w_jac = 0.3``: ``v(x)`` is the atom's embedding, ``c(E)`` the normalised
-   mean of its members' embeddings (their vectors in the store's collection; the summary vector
-   when none is available), ``K`` keyword sets and ``J`` their Jaccard index.
-3. ``x`` joins the event with the highest ``s`` if ``s >= threshold`` (default 0.35; ties go to
-   the older event), else it starts a new event ``e<n>``.
-
-An atom that already names events in its own ``event_ids`` joins the first of them instead (the
-caller said where it belongs). An explicit ``event_id`` joins that event or creates it.
+Placement (``place`` / ``assign`` without an explicit id) filters the events by open status, shared
+participants and time window, ranks the rest by a hybrid of embedding cosine to the members' centroid
+and keyword Jaccard, and joins the best one above a threshold, else starts a new event ``e<n>``
+(``memory/event_placement.py`` states the algorithm). An atom that already names events in its own
+``event_ids`` joins the first of them instead. An explicit ``event_id`` joins that event or creates it.
 
 Event fields after every change (a pure function of the members, so a rebuilt layer agrees):
 participants = union in first-seen order; time span = hull of the members' spans; keywords = the
@@ -47,124 +36,24 @@ mirror only after Chroma acknowledged it, so a failed call leaves the layer as i
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import text as _text
-from .atom import Atom, TimeSpan
-from .errors import AtomNotFoundError, InvalidAtomError, MemoryStoreError
+from .atom import Atom
+from .errors import InvalidAtomError, MemoryStoreError
+from .event_placement import THRESHOLD, W_COS, W_JAC, EventPlacement, _unit, jaccard  # noqa: F401 (re-exported)
+from .event_record import Event, EventHit, EventNotFoundError, Placement, _from_meta, _hull, _to_meta  # noqa: F401 (re-exported)
 from .store import COLLECTION_PREFIX, AtomDraft, AtomStore
-from .validation import clean_strings, clean_text
+from .validation import clean_strings
 
 EVENTS_SUFFIX = ".events"
 _ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
-W_COS = 0.7
-W_JAC = 0.3
-THRESHOLD = 0.35
 
-
-class EventNotFoundError(AtomNotFoundError):
-    """The event id is unknown in this namespace (a :class:`AtomNotFoundError`, so callers that
-    catch the store's errors catch it too)."""
-
-
-@dataclass(frozen=True)
-class Event:
-    id: str
-    summary: str
-    atom_ids: tuple[str, ...] = ()
-    participants: tuple[str, ...] = ()
-    keywords: tuple[str, ...] = ()
-    time: TimeSpan | None = None
-    closed: bool = False
-    summary_by: str = "extractive"  # extractive | caller
-    seq: int = 0  # creation order
-
-    def to_dict(self) -> dict:
-        return {
-            "id": self.id,
-            "summary": self.summary,
-            "atom_ids": list(self.atom_ids),
-            "participants": list(self.participants),
-            "keywords": list(self.keywords),
-            "time": None if self.time is None else [self.time.start.isoformat(), self.time.end.isoformat()],
-            "closed": self.closed,
-            "summary_by": self.summary_by,
-        }
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where ``place`` would put an atom: an existing event (``new`` False) or a new one."""
-
-    event_id: str
-    new: bool
-    score: float  # hybrid similarity to the chosen event; 0.0 for a new one; 1.0 when the atom named it
-
-
-@dataclass(frozen=True)
-class EventHit:
-    event: Event
-    score: float  # cosine similarity of the query to the summary
-
-
-def _to_meta(ev: Event) -> dict[str, Any]:
-    meta: dict[str, Any] = {"seq": ev.seq, "closed": ev.closed, "summary_by": ev.summary_by}
-    if ev.atom_ids:
-        meta["atoms"] = list(ev.atom_ids)
-    if ev.participants:
-        meta["participants"] = list(ev.participants)
-    if ev.keywords:
-        meta["keywords"] = list(ev.keywords)
-    if ev.time is not None:
-        meta["t0"] = ev.time.start.toordinal()
-        meta["t1"] = ev.time.end.toordinal()
-    return meta
-
-
-def _from_meta(eid: str, doc: str, meta: dict[str, Any] | None) -> Event:
-    meta = meta or {}
-    t0, t1 = meta.get("t0"), meta.get("t1")
-    return Event(
-        id=eid,
-        summary=doc or "",
-        atom_ids=tuple(meta.get("atoms") or ()),
-        participants=tuple(meta.get("participants") or ()),
-        keywords=tuple(meta.get("keywords") or ()),
-        time=None if t0 is None else TimeSpan(dt.date.fromordinal(int(t0)), dt.date.fromordinal(int(t1))),
-        closed=bool(meta.get("closed", False)),
-        summary_by=str(meta.get("summary_by", "extractive")),
-        seq=int(meta.get("seq", 0)),
-    )
-
-
-def _unit(v: np.ndarray) -> np.ndarray:
-    n = float(np.linalg.norm(v))
-    return v / n if n > 0 else v
-
-
-def _hull(a: TimeSpan | None, b: TimeSpan | None) -> TimeSpan | None:
-    if a is None or b is None:
-        return a or b
-    return TimeSpan(min(a.start, b.start), max(a.end, b.end))
-
-
-def _gap_days(a: TimeSpan, b: TimeSpan) -> int:
-    return max(0, (a.start - b.end).days, (b.start - a.end).days)
-
-
-def jaccard(a: Sequence[str], b: Sequence[str]) -> float:
-    sa, sb = set(a), set(b)
-    return len(sa & sb) / len(sa | sb) if sa and sb else 0.0
-
-
-class EventLayer:
+class EventLayer(EventPlacement):
     """Events of one store's namespace. See the module docstring for the algorithm."""
 
     def __init__(
@@ -221,18 +110,6 @@ class EventLayer:
                 self._by_atom.setdefault(aid, set()).add(ev.id)
         self._next_seq = 1 + max((e.seq for e in self._events.values()), default=0)
 
-    def _vectors(self, atom_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """Embeddings of atoms, from the cache or the store's collection (missing ids are skipped)."""
-        missing = [a for a in dict.fromkeys(atom_ids) if a not in self._atom_vecs]
-        for s in range(0, len(missing), self.store.batch_size):
-            page = self.store._chroma(
-                "reading atom embeddings", self.store.collection.get,
-                ids=missing[s : s + self.store.batch_size], include=["embeddings"],
-            )
-            for aid, vec in zip(page["ids"], page["embeddings"] if page["embeddings"] is not None else []):
-                self._atom_vecs[aid] = np.asarray(vec, dtype=np.float32)
-        return {a: self._atom_vecs[a] for a in atom_ids if a in self._atom_vecs}
-
     # ------------------------------------------------------------------ queries
     def __len__(self) -> int:
         return len(self._events)
@@ -278,81 +155,6 @@ class EventLayer:
             for eid, dist in zip(res["ids"][0], res["distances"][0])
             if eid in self._events
         ]
-
-    # ------------------------------------------------------------------ placement
-    def _features(self, atom: Atom | AtomDraft | dict) -> tuple[str, tuple, tuple, TimeSpan | None, tuple]:
-        """(text, participants, keywords, time, event_ids) of an atom or a draft, validated the
-        way the store validates them."""
-        if isinstance(atom, dict):
-            atom = AtomDraft(**atom)
-        if isinstance(atom, Atom):
-            return atom.text, atom.participants, atom.keywords, atom.time, atom.event_ids
-        if not isinstance(atom, AtomDraft):
-            raise InvalidAtomError(f"expected an Atom, AtomDraft or dict, got {type(atom).__name__}")
-        text = clean_text(atom.text, self.store.max_chars)
-        kws = (
-            _text.keywords(text, self.store.keyword_limit)
-            if atom.keywords is None
-            else clean_strings(atom.keywords, "keywords")
-        )
-        return (text, clean_strings(atom.participants, "participants"), kws,
-                TimeSpan.parse(atom.time), clean_strings(atom.event_ids, "event_ids"))
-
-    def _centroid(self, ev: Event) -> np.ndarray | None:
-        cached = self._centroids.get(ev.id)
-        if cached is not None and cached[0] == ev.atom_ids:
-            return cached[1]
-        vecs = self._vectors(ev.atom_ids)
-        if not vecs:
-            return self._summary_vecs.get(ev.id)
-        c = _unit(np.sum(list(vecs.values()), axis=0))
-        self._centroids[ev.id] = (ev.atom_ids, c)
-        return c
-
-    def _eligible(self, ev: Event, participants: tuple, time: TimeSpan | None) -> bool:
-        if ev.closed or len(ev.atom_ids) >= self.max_atoms:
-            return False
-        # both without participants is a match: there is nothing to disagree on
-        if (participants or ev.participants) and not set(participants) & set(ev.participants):
-            return False
-        if time is not None and ev.time is not None and _gap_days(time, ev.time) > self.window_days:
-            return False
-        return True
-
-    def similarity(self, vec: np.ndarray, keywords: Sequence[str], ev: Event) -> float:
-        """The hybrid similarity of an atom (vector, keywords) to an event."""
-        c = self._centroid(ev)
-        cos = float(np.dot(vec, c)) if c is not None else 0.0
-        return self.w_cos * cos + self.w_jac * jaccard(keywords, ev.keywords)
-
-    def place(self, atom: Atom | AtomDraft | dict, *, vector: np.ndarray | None = None) -> Placement:
-        """Where the atom would go, without writing anything (see the module docstring)."""
-        text, people, kws, time, named = self._features(atom)
-        for eid in named:
-            if eid in self._events:
-                return Placement(eid, False, 1.0)
-        if named:  # the caller named an event that does not exist yet: it will be created
-            return Placement(named[0], True, 0.0)
-        if vector is None and isinstance(atom, Atom):
-            vector = self._vectors([atom.id]).get(atom.id)
-        if vector is None:
-            vector = self.store.embedder.embed([text])[0]
-        best, best_score = None, -np.inf
-        for ev in self.events():  # creation order, and a strict '>' keeps ties on the older event
-            if not self._eligible(ev, people, time):
-                continue
-            score = self.similarity(vector, kws, ev)
-            if score > best_score:
-                best, best_score = ev, score
-        if best is not None and best_score >= self.threshold:
-            return Placement(best.id, False, best_score)
-        return Placement(self._new_id(), True, 0.0)
-
-    def _new_id(self) -> str:
-        seq = self._next_seq
-        while f"e{seq}" in self._events:
-            seq += 1
-        return f"e{seq}"
 
     # ------------------------------------------------------------------ writes
     def assign(self, atom: Atom | str, event_id: str | None = None, *, summary: str | None = None) -> Event:
