@@ -1,0 +1,16 @@
+"""AtomMem-RL: train language models to manage their own long-term memory.
+
+    from atommem_rl import MemoryAgent   # a trained checkpoint over a real store (atommem_rl/agent/)
+
+Imported on first use, so that ``import atommem_rl`` (the CLI, the environments) loads no model code.
+"""
+
+__all__ = ["MemoryAgent"]
+
+
+def __getattr__(name: str):
+    if name == "MemoryAgent":
+        from .agent import MemoryAgent
+
+        return MemoryAgent
+    raise AttributeError(f"module 'atommem_rl' has no attribute {name!r}")

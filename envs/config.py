@@ -30,6 +30,10 @@ class EnvConfig:
         "help": "a create at capacity: refuse, or evict the least recently shown Primary atom",
         "choices": ("refuse", "evict")})
     disable: tuple = field(default=(), metadata={"help": f"tool ablations, comma-separated, any of {', '.join(ABLATIONS)}"})
+    questions: str = field(default="visible", metadata={
+        "help": "visible: the questions are shown at every reading step (long-document QA); hidden: only in the "
+                "answer phase (a memory agent whose questions come later; reads retrieve for the current chunk)",
+        "choices": ("visible", "hidden")})
     answer_mode: str = field(default="all", metadata={
         "help": "all (every question at once) or each (one per step)", "choices": ("all", "each")})
     max_answer_steps: int | None = field(default=None, metadata={"help": "answer-phase steps (None: questions + 2)"})

@@ -110,6 +110,10 @@ class MemoryEnv:
     def unit_separator(self) -> str:
         return "\n"
 
+    def _open_store(self) -> AtomStore:
+        """The episode's store: a fresh namespace (a live agent's env reopens its own instead)."""
+        return open_store(self.client, self.embedder, self.config)
+
     # ---------------------------------------------------------------- Gymnasium API
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[list[dict], dict]:
         self.close()
@@ -118,7 +122,7 @@ class MemoryEnv:
         self.chunks = self._make_chunks(seed)
         self.store = None
         if "store" not in self.config.disable:
-            self.store = open_store(self.client, self.embedder, self.config)
+            self.store = self._open_store()
         self.handles: dict[str, str] = {}  # handle -> atom id
         self.handle_of: dict[str, str] = {}  # atom id -> handle
         self.last_shown: dict[str, int] = {}  # atom id -> step it was last shown (eviction order)
@@ -161,7 +165,7 @@ class MemoryEnv:
             return
         longest = max(range(len(self.chunks)), key=lambda i: self.chunks[i].tokens)
         tail = self.prompt.chunk_tail(longest, len(self.chunks), self.chunks[longest].text)
-        self.prompt.check_floor(self.prompt.question_text(self.task.questions), tail)
+        self.prompt.check_floor(self.prompt.question_text(self._reading_questions()), tail)
 
     def step(self, action: Any) -> tuple[list[dict], float, bool, bool, dict]:
         if self.done:
@@ -304,6 +308,10 @@ class MemoryEnv:
         check_relation(new, old, rel, self.store, self._extra_sources, self._gold_labels,
                        bool(self.task.meta.get("relations_exhaustive")), self.relation_checks)
 
+    def _reading_questions(self):
+        """The questions a reading (chunk) step shows: none when they are hidden until the answer phase."""
+        return [] if self.config.questions == "hidden" else self.task.questions
+
     def _pending_questions(self):
         open_qs = [q for q in self.task.questions if q.id not in self.answers]
         if self.config.answer_mode == "each":
@@ -312,8 +320,9 @@ class MemoryEnv:
 
     # ---------------------------------------------------------------- observation
     def _observe(self) -> list[dict]:
-        qs = self._pending_questions() if self.phase == "answer" else self.task.questions
-        label, views = current_views(self.store, self.pending_queries, qs, self.config)
+        qs = self._pending_questions() if self.phase == "answer" else self._reading_questions()
+        chunk = self.chunks[self.chunk_index].text if self.phase == "chunks" else ""
+        label, views = current_views(self.store, self.pending_queries, qs, self.config, fallback=chunk)
         if self.phase == "chunks":
             tail = self.prompt.chunk_tail(self.chunk_index, len(self.chunks), self.chunks[self.chunk_index].text)
         else:

@@ -1,5 +1,6 @@
 """The memory views a prompt shows: the store searched for the current query, which is the policy's own
-``read_memory`` queries of the previous step, or the question(s) when it issued none (``auto_retrieve``)."""
+``read_memory`` queries of the previous step, or the question(s) when it issued none (``auto_retrieve``),
+or the current chunk while the questions are hidden."""
 
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ from .config import EnvConfig
 from .sanitize import clip, defang
 
 
-def current_views(store, pending_queries: list[str], questions: list, config: EnvConfig) -> tuple[str, list]:
-    """(query label, views) for the current prompt; ``questions`` are the ones the prompt shows."""
+def current_views(store, pending_queries: list[str], questions: list, config: EnvConfig,
+                  fallback: str = "") -> tuple[str, list]:
+    """(query label, views) for the current prompt; ``questions`` are the ones the prompt shows. With no
+    question shown (``questions: hidden`` while reading) the automatic query is ``fallback``, the
+    current chunk: what is already stored about it (to update or relate) rather than nothing."""
     if store is None or len(store) == 0:
         return "", []
     queries = list(pending_queries)
     label = defang("; ".join(repr(clip(q, 80)) for q in queries))
     if not queries:
-        if not config.auto_retrieve:
+        if not config.auto_retrieve or not (questions or fallback.strip()):
             return "", []
-        queries = [" ".join(q.question for q in questions)[:2000]]
-        label = "the question(s)"
+        queries = [" ".join(q.question for q in questions)[:2000] if questions else fallback[:2000]]
+        label = "the question(s)" if questions else "the current chunk"
     views, seen = [], set()
     for q in queries:
         for v in search(store, q, config.retrieval_k, config.retrieval):

@@ -49,37 +49,44 @@ def _is_turn(v: Any) -> bool:
     return isinstance(v, dict) and any(k in v for k in ("role", "speaker")) and any(k in v for k in ("content", "text"))
 
 
+def document_block(doc: Any, bid: str, where: str, date: str | None = None) -> Block:
+    """One document (a string, or ``{"title", "text"}``) as a block of sentence units ``<bid>.s<i>``."""
+    title = None
+    if isinstance(doc, dict):
+        title = doc.get("title")
+        title = _text(title, f"{where}.title") if title is not None else None
+        doc, where = doc.get("text", _MISSING), f"{where}.text"
+    body = _text(doc, where)
+    units = [Unit(id=f"{bid}.s{si}", text=s, fact=f"{title}: {s}" if title else s)
+             for si, s in enumerate(x.strip() for x in _SENT.split(body) if x.strip())]
+    return Block(id=bid, title=title, date=date, units=units)
+
+
+def dialogue_block(turns: Any, bid: str, where: str, date: str | None = None) -> Block:
+    """One session (a list of ``{role or speaker, content or text}`` turns) as a block of turn units."""
+    if not isinstance(turns, list) or not turns or not all(_is_turn(t) for t in turns):
+        raise ValueError(f"{where}: expected a list of turns {{role or speaker, content or text}}")
+    units = []
+    for ti, t in enumerate(turns):
+        speaker = _text(t.get("speaker", t.get("role")), f"{where}[{ti}].speaker")
+        text = _text(t.get("content", t.get("text")), f"{where}[{ti}].content")
+        units.append(Unit(id=f"{bid}:{ti}", text=text, speaker=speaker, fact=f"{speaker}: {text}"))
+    return Block(id=bid, date=date, units=units)
+
+
+def is_chat(ctx: Any) -> bool:
+    """Chat turns, or a list of sessions of them (a dialogue), rather than documents."""
+    return isinstance(ctx, list) and bool(ctx) and (_is_turn(ctx[0]) or isinstance(ctx[0], list))
+
+
 def _documents(ctx: Any, where: str) -> list[Block]:
     docs = [ctx] if isinstance(ctx, str) else ctx
-    blocks = []
-    for di, d in enumerate(docs):
-        title = None
-        if isinstance(d, dict):
-            title = d.get("title")
-            title = _text(title, f"{where}[{di}].title") if title is not None else None
-            d = d.get("text", _MISSING)
-        body = _text(d, f"{where}[{di}]" + (".text" if title is not None or isinstance(docs[di], dict) else ""))
-        bid = f"D{di + 1}"
-        units = [Unit(id=f"{bid}.s{si}", text=s, fact=f"{title}: {s}" if title else s)
-                 for si, s in enumerate(x.strip() for x in _SENT.split(body) if x.strip())]
-        blocks.append(Block(id=bid, title=title, units=units))
-    return blocks
+    return [document_block(d, f"D{di + 1}", f"{where}[{di}]") for di, d in enumerate(docs)]
 
 
 def _dialogue(ctx: list, where: str) -> list[Block]:
     sessions = [ctx] if _is_turn(ctx[0]) else ctx
-    blocks = []
-    for si, turns in enumerate(sessions):
-        if not isinstance(turns, list) or not turns or not all(_is_turn(t) for t in turns):
-            raise ValueError(f"{where}[{si}]: expected a list of turns {{role or speaker, content or text}}")
-        bid = f"S{si + 1}"
-        units = []
-        for ti, t in enumerate(turns):
-            speaker = _text(t.get("speaker", t.get("role")), f"{where}[{si}][{ti}].speaker")
-            text = _text(t.get("content", t.get("text")), f"{where}[{si}][{ti}].content")
-            units.append(Unit(id=f"{bid}:{ti}", text=text, speaker=speaker, fact=f"{speaker}: {text}"))
-        blocks.append(Block(id=bid, units=units))
-    return blocks
+    return [dialogue_block(turns, f"S{si + 1}", f"{where}[{si}]") for si, turns in enumerate(sessions)]
 
 
 def _answers(v: Any, where: str) -> list[str]:
@@ -101,7 +108,7 @@ def row_to_task(row: Any, n: int, fields: dict[str, str | None], source: str) ->
             raise ValueError(f"{where}: no field {fields[key]!r} (the --{key}-field); the line has "
                              f"{', '.join(sorted(row)) or 'no fields'}")
     ctx, cw = got["context"], f"{where}: {fields['context']}"
-    if isinstance(ctx, list) and ctx and (_is_turn(ctx[0]) or isinstance(ctx[0], list)):
+    if is_chat(ctx):
         kind, blocks = "dialogue", _dialogue(ctx, cw)
     elif isinstance(ctx, str) or (isinstance(ctx, list) and ctx):
         kind, blocks = "documents", _documents(ctx, cw)
