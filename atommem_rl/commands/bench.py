@@ -1,4 +1,4 @@
-"""``atommem bench memory|retrieval|env|rollout|extractor|update|decode``: measured figures as JSON on stdout.
+"""``atommem bench memory|retrieval|env|rollout|extractor|update|decode|memory-plan``: measured figures as JSON on stdout.
 
 Each benchmark lives in ``atommem_rl/bench/<name>.py`` with ``add_arguments(parser)`` and
 ``main(args)``; the module is imported only when its benchmark runs.
@@ -17,6 +17,7 @@ BENCHMARKS = {
     "extractor": "fact-level precision/recall of an atomic fact extractor on held-out synthetic dialogues",
     "update": "GRPO policy update on real step samples: padded rows against prefix-shared packed rows",
     "decode": "Hugging Face decode step: sdpa attention against sdpa_grouped (no key/value copies)",
+    "memory-plan": "peak memory per training GPU of a recipe's update under FSDP2, traced on fake tensors",
 }
 
 
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     kinds = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK")
     for name, help_text in BENCHMARKS.items():
-        module = importlib.import_module(f"atommem_rl.bench.{name}")
+        module = importlib.import_module(f"atommem_rl.bench.{name.replace('-', '_')}")
         p = kinds.add_parser(name, help=help_text, description=module.__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
