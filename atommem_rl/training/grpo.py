@@ -605,7 +605,11 @@ class StepwiseGRPOTrainer(GRPOTrainer):
     def _packed_loss(self, model, inputs) -> torch.Tensor:
         """TRL's loss over each packed micro-batch of this micro-step: all but the last are backpropagated
         here (without gradient synchronisation), the last is returned for the Trainer's backward, which
-        synchronises on the accumulation boundary as usual."""
+        synchronises on the accumulation boundary as usual. Under FSDP2 accelerate's ``no_sync`` is FSDP2's own
+        ``set_requires_gradient_sync(False)``: the gradients accumulate unsharded and are reduce-scattered once
+        per optimizer step, in the last backward (tests/test_fsdp2_packing.py counts one reduce-scatter per
+        parameter group); parameters reshard after every backward (FSDP2's default), so each packed forward
+        gathers them again, the same number of times on every rank (the counts are padded)."""
         total = None
         parts = inputs["packed_microbatches"]
         for k, part in enumerate(parts):
