@@ -2,6 +2,7 @@ r"""``atommem data synth|prepare``: build memory tasks (JSONL, one task per line
 
     atommem data synth --out tasks/synth.jsonl --tasks 100 --seed 0 --kind documents --docs 20 \
         --questions 1-3 --confounders 2
+    atommem data synth --setting roam --out tasks/roam.jsonl --tasks 256 --seed 4000 --questions 2-3 --changes 3
     atommem data prepare --source hotpotqa --out tasks/hotpotqa.jsonl --docs 20 --questions 2
         (--path defaults to the shipped file of the source: atommem_rl/data/benchmarks/README.md)
     atommem data prepare --source jsonl --path my.jsonl --out tasks/mine.jsonl \
@@ -49,6 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--questions", type=_range, default=(1, 3), help="questions per task: N or LO-HI within 1-10 (default 1-3)")
     s.add_argument("--confounders", type=int, default=2, choices=range(0, 9), metavar="C",
                    help="confounder statements per question, 0-8 (default 2)")
+    s.add_argument("--setting", choices=["standard", "roam"], default="standard",
+                   help="standard (synth.py) or roam: accumulating, duplicated, partial and changing facts per "
+                        "person (synth_roam.py, docs/benchmarks/roam_setting.md)")
+    s.add_argument("--changes", type=int, default=3, choices=range(1, 6), metavar="N",
+                   help="--setting roam: dated changes per attribute, 1-5 (default 3)")
     s.set_defaults(func=run_synth)
 
     p = kinds.add_parser("prepare", help="turn a real benchmark file into tasks")
@@ -79,8 +85,11 @@ def run_synth(args) -> int:
     from atommem_rl.tasks.synth import generate_tasks
 
     output_file(args.out, "--out")
+    if args.setting == "roam":
+        from atommem_rl.tasks.synth_roam import generate_tasks as generate_tasks  # noqa: F811
+    kw = {"changes": args.changes} if args.setting == "roam" else {}
     tasks = generate_tasks(args.tasks, args.seed, kind=args.kind, docs=args.docs, questions=args.questions,
-                           confounders=args.confounders)
+                           confounders=args.confounders, **kw)
     n = save_tasks(tasks, args.out)
     print(json.dumps({"tasks": n, "questions": sum(len(t.questions) for t in tasks), "out": args.out}))
     return 0

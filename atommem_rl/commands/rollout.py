@@ -1,6 +1,8 @@
 r"""``atommem rollout``: run a policy on tasks, write trajectories (JSONL), print a JSON summary.
 
     atommem rollout --tasks tasks/synth.jsonl --policy oracle --out runs/oracle.jsonl
+    atommem rollout --tasks tasks/roam.jsonl --policy oracle --policy-kwargs '{"supersede": "update"}' \
+        --disable relations --retrieval-k 3 --out runs/update.jsonl
     atommem rollout --tasks tasks/hotpotqa.jsonl --policy model --model checkpoints/base/model \
         --backend hf --out runs/base.jsonl
 
@@ -37,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=8, help="episodes stepped together (one generation call)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--no-prompts", action="store_true", help="do not store prompts and memory in trajectories")
+    p.add_argument("--policy-kwargs", default=None, metavar="JSON",
+                   help='keywords for a scripted policy\'s constructor, e.g. \'{"supersede": "update"}\' for the '
+                        'oracle that rewrites with update_memory instead of labelling conflicts')
     c = p.add_argument_group("memory backend and store outages")
     c.add_argument("--chroma", default=None, metavar="URL",
                    help="a chroma run server, http://HOST:PORT (default: in-memory Chroma in this process)")
@@ -147,7 +152,22 @@ def main(args) -> int:
     if args.policy == "model":
         kw = {"model": args.model, "backend": args.backend, "base_url": args.base_url,
               "max_new_tokens": args.max_new_tokens, "temperature": args.temperature}
-    policy = make_policy(args.policy, **kw)
+    if args.policy_kwargs:
+        if args.policy == "model":
+            raise ValueError("--policy-kwargs: for scripted policies; the model policy takes its own flags")
+        try:
+            extra = json.loads(args.policy_kwargs)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--policy-kwargs: not JSON ({exc.msg})") from None
+        if not isinstance(extra, dict):
+            raise ValueError("--policy-kwargs: expected a JSON object, e.g. '{\"supersede\": \"update\"}'")
+        kw.update(extra)
+    try:
+        policy = make_policy(args.policy, **kw)
+    except TypeError as exc:  # an unknown keyword: the constructor's message names it
+        if not args.policy_kwargs:
+            raise
+        raise ValueError(f"--policy-kwargs: {exc}") from None
     trajectories = run_rollouts(tasks, policy, cfg, batch_size=args.batch_size, seed=args.seed,
                                 record_prompts=not args.no_prompts, retries=args.retries,
                                 retry_backoff=args.retry_backoff, keep_memory=args.keep_memory)

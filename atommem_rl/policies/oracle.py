@@ -17,6 +17,9 @@ Per chunk step:
     way) and delete the other shown atoms it replaces (restatements of the old fact, now outdated
     duplicates: delete_memory); when none is shown, fall back to store-and-label. This is the mode that
     demonstrates update and delete, which the label mode never calls.
+``store="all"`` also stores every other unit that carries a statement (``Unit.fact``: confounders and
+distractors too), as an agent must when it cannot tell what will be asked; gold labels among them are given
+the same way (the ROAM setting's scripted check, docs/benchmarks/roam_setting.md).
 Answer phase, for each open question:
   supported (its gold answer appears in the shown memory or scratchpad, or all its evidence atoms
   are shown) -> answer with the gold answer; otherwise read with the question, then with the text of
@@ -37,14 +40,15 @@ _ISO = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 
 
 class _Episode:
-    def __init__(self, task):
+    def __init__(self, task, store_all: bool = False):
         task.require_evidence("the oracle policy")
         self.task = task
         self.units = task.units()
         self.block_date = {u.id: b.date for b in task.blocks for u in b.units}
         ev = task.evidence_ids()
         linked = {r.old for r in task.relations if r.new in ev} | {r.new for r in task.relations if r.old in ev}
-        self.targets = [u for b in task.blocks for u in b.units if u.id in ev or u.id in linked]
+        self.targets = [u for b in task.blocks for u in b.units
+                        if u.id in ev or u.id in linked or (store_all and u.fact)]
         self.relations = [(r.new, r.old, r.label) for r in task.relations]
         self.unit_handle: dict[str, str] = {}
         self.handle_unit: dict[str, str] = {}
@@ -59,9 +63,14 @@ class OraclePolicy(Policy):
 
     SUPERSEDE = ("label", "update")
 
-    def __init__(self, guess: bool = False, scratchpad: bool = True, supersede: str = "label"):
+    STORE = ("needed", "all")
+
+    def __init__(self, guess: bool = False, scratchpad: bool = True, supersede: str = "label", store: str = "needed"):
         if supersede not in self.SUPERSEDE:
             raise ValueError(f"supersede must be one of {', '.join(self.SUPERSEDE)}, got {supersede!r}")
+        if store not in self.STORE:
+            raise ValueError(f"store must be one of {', '.join(self.STORE)}, got {store!r}")
+        self.store_all = store == "all"
         self.guess = guess
         self.use_scratchpad = scratchpad
         self.supersede = supersede
@@ -69,7 +78,7 @@ class OraclePolicy(Policy):
         self.counts = {"answered": 0, "unsupported": 0}
 
     def start(self, key, task) -> None:
-        self.eps[key] = _Episode(task)
+        self.eps[key] = _Episode(task, self.store_all)
 
     def end(self, key) -> None:
         self.eps.pop(key, None)
