@@ -24,6 +24,7 @@ COMMANDS = {
     "data": "data",
     "rollout": "rollout",
     "eval": "eval",
+    "serve": "serve",
 }
 
 

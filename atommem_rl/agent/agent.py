@@ -174,9 +174,10 @@ def blocks_of(content: Any, first: int, title: str | None = None, date: str | No
     return [document_block(d, f"D{first + i + 1}", f"observation[{i}]", date) for i, d in enumerate(docs)]
 
 
-def _drive(policy, started: dict[int, tuple[LiveEnv, list, dict]], read: dict[int, list] | None = None) -> dict:
-    """Step every started env until it is idle, one ``policy.act`` per round for all of them; returns
-    each env's step count. ``read`` collects the memory views each answer-phase prompt showed."""
+def _drive(policy, started: dict[str, tuple[LiveEnv, list, dict]], read: dict[str, list] | None = None) -> dict:
+    """Step every started env until it is idle, one ``policy.act`` per round for all of them (keyed by
+    namespace, so a policy's per-episode state is per memory); returns each env's step count. ``read``
+    collects the memory views each answer-phase prompt showed."""
     active = {k: [env, obs, info] for k, (env, obs, info) in started.items()}
     steps = {k: 0 for k in started}
     while active:
@@ -197,8 +198,9 @@ def _drive(policy, started: dict[int, tuple[LiveEnv, list, dict]], read: dict[in
 
 
 def _check_distinct(agents: list[MemoryAgent]) -> None:
-    if len({id(a) for a in agents}) != len(agents):
-        raise ValueError("one agent appears twice in a batch: give it one observation (or question) at a time")
+    if len({a.namespace for a in agents}) != len(agents):
+        raise ValueError("one agent (namespace) appears twice in a batch: give it one observation (or question) "
+                         "at a time")
     if len({id(a.policy) for a in agents}) > 1:
         raise ValueError("the agents of one batch must share one policy (MemoryAgent.open)")
 
@@ -211,13 +213,13 @@ def observe_many(pairs: list[tuple]) -> list[dict]:
     blocks = [blocks_of(p[1], p[0].env.blocks_seen, **(p[2] if len(p) > 2 else {})) for p in pairs]
     pairs = [p[:2] for p in pairs]
     started = {}
-    for i, ((agent, _), bl) in enumerate(zip(pairs, blocks)):
+    for (agent, _), bl in zip(pairs, blocks):
         first = agent.env.feed(bl)
         if first is not None:
-            started[i] = (agent.env, *first)
+            started[agent.namespace] = (agent.env, *first)
     steps = _drive(pairs[0][0].policy, started) if started else {}
-    return [{"blocks": len(bl), "steps": steps.get(i, 0), "memories": len(a.env.store or ())}
-            for i, ((a, _), bl) in enumerate(zip(pairs, blocks))]
+    return [{"blocks": len(bl), "steps": steps.get(a.namespace, 0), "memories": len(a.env.store or ())}
+            for (a, _), bl in zip(pairs, blocks)]
 
 
 def ask_many(pairs: list[tuple[MemoryAgent, str]]) -> list[Reply]:
@@ -226,7 +228,12 @@ def ask_many(pairs: list[tuple[MemoryAgent, str]]) -> list[Reply]:
     for _, q in pairs:
         if not isinstance(q, str) or not q.strip():
             raise ValueError(f"a question must be a non-empty string, got {q!r:.60}")
-    started = {i: (a.env, *a.env.ask(" ".join(q.split()))) for i, (a, q) in enumerate(pairs)}
-    read: dict[int, list] = {i: [] for i in started}
-    steps = _drive(pairs[0][0].policy, started, read)
-    return [Reply(a.env.answers.get("Q1"), read[i], steps[i]) for i, (a, _) in enumerate(pairs)]
+    started = {a.namespace: (a.env, *a.env.ask(" ".join(q.split()))) for a, q in pairs}
+    read: dict[str, list] = {k: [] for k in started}
+    policy = pairs[0][0].policy
+    try:
+        steps = _drive(policy, started, read)
+    finally:
+        for k in started:
+            policy.end(k)  # a question is an episode's answer phase: per-question policy state ends with it
+    return [Reply(a.env.answers.get("Q1"), read[a.namespace], steps[a.namespace]) for a, _ in pairs]

@@ -1,4 +1,4 @@
-"""``atommem bench memory|retrieval|env|rollout|extractor|update|decode|memory-plan``: measured figures as JSON on stdout.
+"""``atommem bench memory|retrieval|env|rollout|extractor|update|decode|memory-plan|serve``: measured figures as JSON on stdout.
 
 Each benchmark lives in ``atommem_rl/bench/<name>.py`` with ``add_arguments(parser)`` and
 ``main(args)``; the module is imported only when its benchmark runs.
@@ -18,6 +18,7 @@ BENCHMARKS = {
     "update": "GRPO policy update on real step samples: padded rows against prefix-shared packed rows",
     "decode": "Hugging Face decode step: sdpa attention against sdpa_grouped (no key/value copies)",
     "memory-plan": "peak memory per training GPU of a recipe's update under FSDP2, traced on fake tensors",
+    "serve": "atommem serve's observe throughput: sessions batched through one policy call against one at a time",
 }
 
 
