@@ -18,7 +18,7 @@ from atommem_rl.tasks.schema import Task
 from atommem_rl.inference.chat_backends import Backend, Request
 
 if TYPE_CHECKING:
-    from .methods import EvalSettings
+    from .settings import EvalSettings
 
 
 READER_SYSTEM = ("Answer the question using only the context. Reply with a short answer (a name, place, "
