@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atommem_rl.agent import MemoryAgent, ask_many, observe_many
+from atommem_rl.agent.agent import blocks_of
 from atommem_rl.agent.state import STATE_SUFFIX, is_state_collection
 from atommem_rl.memory.store import COLLECTION_PREFIX
 
@@ -53,7 +54,7 @@ def check_session_id(sid: Any) -> str:
 
 
 class Sessions:
-    """Sessions over ``client`` with the policy of ``prototype`` (a MemoryAgent whose namespace is unused)."""
+    """Sessions over ``client``; ``make_agent(session id)`` opens a session's MemoryAgent (one shared policy)."""
 
     def __init__(self, make_agent, client, batch_wait: float = 0.01, max_batch: int = 64):
         self.make_agent, self.client = make_agent, client
@@ -117,16 +118,20 @@ class Sessions:
         ready = []
         for job in jobs:
             try:
-                ready.append((job, self._agent(job.session)))
+                agent = self._agent(job.session)
+                if job.kind == "observe":  # a content the environment cannot take fails alone, before any step
+                    content, options = job.payload
+                    blocks_of(content, 0, **options)
+                ready.append((job, agent))
             except Exception as exc:  # noqa: BLE001 - that job's error, not the batch's
                 job.future.set_exception(exc)
         if not ready:
             return
         try:
             out = run_many([(agent, *_args(job.payload)) for job, agent in ready])
-        except Exception:  # noqa: BLE001 - one bad job must not fail the others: run them one by one
-            for job, agent in ready:
-                self._settle(job, lambda job=job, agent=agent: run_many([(agent, *_args(job.payload))])[0])
+        except Exception as exc:  # noqa: BLE001 - mid-step (the store went away): no job of the round is acknowledged
+            for job, _ in ready:
+                job.future.set_exception(exc)
             return
         self.rounds["policy_rounds"] += 1
         self.rounds["batched_sessions"] += len(ready)
