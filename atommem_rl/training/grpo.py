@@ -597,9 +597,10 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             lp, ent = packed_logprobs(inner, packed, temperature=self.temperature, forward_model=wrapped,
                                       with_entropy=True)
         b, t = packed["term_at"]
-        logps = lp.new_zeros(packed["shape"]).index_put((b, t), lp.float())
-        entropies = ent.detach().new_zeros(packed["shape"]).index_put((b, t), ent.detach().float()) \
-            if compute_entropy else None
+        # float32 rows, as TRL's: under FSDP2's bf16 mixed precision the fused head returns bf16 values
+        logps = torch.zeros(packed["shape"], dtype=torch.float32, device=lp.device).index_put((b, t), lp.float())
+        entropies = torch.zeros(packed["shape"], dtype=torch.float32, device=lp.device).index_put(
+            (b, t), ent.detach().float()) if compute_entropy else None
         return logps, entropies, None
 
     def _packed_loss(self, model, inputs) -> torch.Tensor:
