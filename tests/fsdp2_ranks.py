@@ -18,6 +18,7 @@ import collections
 import contextlib
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -47,9 +48,11 @@ def count_collectives() -> None:
 def phase(name: str, out: dict):
     """Record the root forwards and FSDP2 collectives of one phase into ``out[name]``."""
     COUNTS.clear()
+    t0 = time.perf_counter()
     yield
     out[name] = {"forwards": COUNTS["forward"], "all_gathers": COUNTS["all_gather_single"],
                  "reduce_scatters": COUNTS["reduce_scatter_single"]}
+    out.setdefault("seconds", {})[name] = round(time.perf_counter() - t0, 1)
 
 
 def full_grads(model) -> torch.Tensor:
@@ -96,14 +99,16 @@ def main(tiny: str, out: str, folder: str, mode: str) -> None:
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 2
     rows = [trainer.train_dataset[0]] * 2 + [trainer.train_dataset[1]] * 2
+    t0 = time.perf_counter()
     batch = trainer._generate_and_score_completions(rows)  # packing off: TRL's row passes (ref model)
+    t_gen = time.perf_counter() - t0
     mask = batch["completion_mask"].bool()
     res: dict = {"rank": rank, "mode": mode, "samples": int(mask.any(1).sum())}
     torch.save({k: v for k, v in batch.items() if torch.is_tensor(v)}, Path(out) / f"{mode}_batch{rank}.pt")
 
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
     att = torch.cat([batch["prompt_mask"], torch.ones_like(batch["completion_mask"])], dim=1)
-    with torch.no_grad():
+    with torch.no_grad(), phase("row_scores", res):
         old_rows = trainer._get_per_token_logps_and_entropies(model, ids, att, ids.size(1) - batch["prompt_ids"].size(1),
                                                               batch_size=4)[0]
     lengths = (batch["prompt_mask"].sum(1) + batch["completion_mask"].sum(1)).tolist()
@@ -133,6 +138,7 @@ def main(tiny: str, out: str, folder: str, mode: str) -> None:
                row_loss=row_loss, packed_loss=pk_loss, grad_max=g_row.abs().max().item(),
                cosine=torch.nn.functional.cosine_similarity(g_row, g_pk, dim=0).item(),
                max_diff=(g_row - g_pk).abs().max().item(), grad_sum=g_pk.double().sum().item())
+    res["seconds"].update(rollouts=round(t_gen, 1), total=round(time.perf_counter() - t0, 1))
     if rank == 0:
         torch.save({"rows": g_row, "packed": g_pk}, Path(out) / f"{mode}_grads.pt")
     with open(Path(out) / "ranks.jsonl", "a") as f:
