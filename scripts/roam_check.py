@@ -8,7 +8,10 @@ Per run: mean ± standard error over tasks of the episode's EM (mean over its qu
 the environment's confounder-token share (envs/attribution.py: term-overlap attribution, a fused view counts
 whole when any atom it folds is attributed to a confounder or distractor unit) and an exact confounder-token
 share: answer-phase memory lines whose own atom text is, verbatim, the statement of a confounder or distractor
-unit (the oracle stores unit statements verbatim, so no attribution is needed), in the policy's tokens. Then
+unit (the oracle stores unit statements verbatim, so no attribution is needed), in the policy's tokens; and the
+flood share: the same, for lines whose own atom is outdated (the old side of a gold ``conflict``: its value
+changed later) or a duplicate (the covered side of a gold equivalent or subsumption pair whose other side is
+shown in the same prompt), i.e. what ROAM's Primary-only retrieval keeps out of the top-k. Then
 the first run minus each other one, paired on the same tasks (atommem_rl/pipeline/stats.py: mean_se, verdict).
 """
 
@@ -49,25 +52,37 @@ def per_task(path: str, tasks: dict, count) -> dict[str, dict[str, float | None]
     for line in Path(path).read_text().splitlines():
         r = json.loads(line)
         t = tasks[r["task_id"]]
-        noise = {u.statement() for u in t.units().values() if u.role in ("confounder", "distractor")}
-        tot = conf = 0
+        units = t.units()
+        noise = {u.statement() for u in units.values() if u.role in ("confounder", "distractor")}
+        outdated = {units[g.old].statement() for g in t.relations if g.label == "conflict"}
+        dup_of: dict[str, set[str]] = {}  # covered statement -> the statements of the same value covering it
+        for g in t.relations:
+            if g.label in ("equivalent", "new_subsumed_by_old", "old_subsumed_by_new"):
+                a, b = (g.old, g.new) if g.label == "old_subsumed_by_new" else (g.new, g.old)
+                dup_of.setdefault(units[a].statement(), set()).add(units[b].statement())
+        tot = conf = flood = 0
         for st in r.get("steps") or []:
             if st.get("phase") != "answer" or not st.get("prompt"):
                 continue
-            for text in _memory_lines(st["prompt"]):
+            lines = _memory_lines(st["prompt"])
+            owns = {_FOLD.sub("", text) for text in lines}
+            for text in lines:
                 n = count(text)
                 tot += n
-                conf += n if _FOLD.sub("", text) in noise else 0
+                own = _FOLD.sub("", text)
+                conf += n if own in noise else 0
+                flood += n if own in outdated or dup_of.get(own, set()) & owns else 0
         qs = r.get("questions") or []
         out[r["task_id"]] = {"em": sum(q["em"] for q in qs) / len(qs) if qs else 0.0,
                              "evidence_recall": r.get("evidence_recall"),
                              "confounder_share": r.get("confounder_token_share"),
                              "exact_confounder_share": conf / tot if tot else None,
+                             "flood_share": flood / tot if tot else None,
                              "labels": (r.get("ops") or {}).get("relate", 0)}
     return out
 
 
-METRICS = ("em", "evidence_recall", "confounder_share", "exact_confounder_share", "labels")
+METRICS = ("em", "evidence_recall", "confounder_share", "exact_confounder_share", "flood_share", "labels")
 
 
 def compare(runs: dict[str, dict], metrics=METRICS) -> dict:
