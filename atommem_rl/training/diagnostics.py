@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from accelerate.utils import gather_object
 
+from envs.core import OPS
+
 
 def _spread(m, name: str, values: list[float]) -> None:
     vals = values or [0.0]  # TRL logs zeros for an empty set
@@ -77,3 +79,39 @@ def log_generation_diagnostics(trainer, mode: str, samples: list[tuple], output:
     masked = (trained & ~((weights != 0) & mask).any(dim=1)).sum()
     counts = acc.gather(torch.stack([masked.float(), trained.sum().float()]).view(1, -1)).view(-1, 2).sum(dim=0)
     m["sampling/masked_sequence_ratio"].append((counts[0] / counts[1].clamp(min=1.0)).item())
+
+
+def log_episodes(trainer, mode: str, recs: list[dict], all_returns: torch.Tensor, n_steps: int,
+                 completion_tokens: int) -> None:
+    """Reward, operation frequencies per step (AtomMem's training-dynamics figure), tool errors,
+    episode lengths and tokens, averaged over all processes."""
+    m = trainer._metrics[mode]
+    m["reward"].append(all_returns.mean().item())
+    m["reward_std"].append(all_returns.std().item() if all_returns.numel() > 1 else 0.0)
+    local = {
+        "em": sum(r.get("em", 0.0) for r in recs), "f1": sum(r.get("f1", 0.0) for r in recs),
+        "episode_steps": sum(len(r["steps"]) for r in recs),
+        "tool_errors": sum(r.get("tool_errors", 0) for r in recs),
+        "crashes": sum(int(r.get("crashed", False)) for r in recs),
+        "completion_tokens": float(completion_tokens),
+        **{f"op_{op}": sum((r.get("ops") or {}).get(op, 0) for r in recs) for op in OPS},
+        "episodes": len(recs), "steps": n_steps,
+        # Hugging Face generate's prompt tokens and those it prefilled (shared_prefix_generation; 0, 0 on vLLM)
+        "prompt_tokens": float(getattr(trainer, "_prefill", (0, 0))[0]),
+        "prefilled_tokens": float(getattr(trainer, "_prefill", (0, 0))[1]),
+    }
+    keys = sorted(local)
+    totals = trainer.accelerator.gather(torch.tensor([float(local[k]) for k in keys], device=trainer.accelerator.device))
+    totals = totals.view(-1, len(keys)).sum(0).tolist()
+    agg = dict(zip(keys, totals))
+    eps, steps = max(agg["episodes"], 1.0), max(agg["steps"], 1.0)
+    m["episode/em"].append(agg["em"] / eps)
+    m["episode/f1"].append(agg["f1"] / eps)
+    m["episode/steps"].append(agg["episode_steps"] / eps)
+    m["episode/crashes"].append(agg["crashes"])
+    m["tools/errors_per_step"].append(agg["tool_errors"] / steps)
+    m["tokens/completion_per_step"].append(agg["completion_tokens"] / steps)
+    for op in OPS:
+        m[f"ops/{op}_per_step"].append(agg[f"op_{op}"] / steps)
+    if agg["prompt_tokens"]:
+        m["rollout/prefilled_per_prompt_token"].append(agg["prefilled_tokens"] / agg["prompt_tokens"])

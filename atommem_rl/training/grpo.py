@@ -38,222 +38,31 @@ import contextlib
 import json
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOConfig, GRPOTrainer, ModelConfig
+from trl import GRPOTrainer
 from trl.trainer.utils import RepeatSampler, pad
-
-from envs.core import OPS
 
 from ..rollout import run_rollouts
 from ..tasks.schema import Task
-from .recipes import CHECKPOINTS, parse_recipe_args
+from .advantages import group_advantages, importance_sampling_ratio, step_samples
+from .diagnostics import log_episodes, log_generation_diagnostics
+# the config and its checks live in grpo_config.py; re-exported here, where recipes and tests import them from
+from .grpo_config import (GLOBAL_TOKEN_LOSSES, IS_MODES, ZERO_ADVANTAGE_MODES, GRPORecipeConfig,  # noqa: F401
+                          device_defaults, refuse_unsupported, zero_advantage_mode)
 from .packing import step_group_ids
+from .recipes import parse_recipe_args
 from .rounds import TrainerPolicy
-from .task_source import TaskSource, load_train_tasks, resolve_path, task_rows
+from .task_source import load_train_tasks, resolve_path, task_rows
+from .zero_advantage import ZeroAdvantageLoss
 
 
 def episode_return(completions=None, **kwargs) -> list[float]:
     """Named reward for TRL's bookkeeping; the step-wise trainer computes returns in the environment."""
     return [float(r) for r in kwargs.get("episode_return", [0.0] * len(completions or []))]
-
-
-@dataclass
-class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
-    """TRL's ``GRPOConfig`` and ``ModelConfig`` plus the task source and environment settings.
-
-    Defaults changed from TRL to AtomMem's: ``scale_rewards="none"`` (Dr. GRPO), ``epsilon_high=0.28``,
-    ``beta=0.0``; W&B offline by default; ``output_dir`` = <checkpoints_dir>/<run_name>/grpo.
-    """
-
-    model_name_or_path: str | None = field(
-        default="checkpoints/base/smollm2-135m-instruct",
-        metadata={"help": "Policy checkpoint (the SFT output, a base model, or a LoRA adapter folder)."})
-    run_name: str | None = field(default="atommem", metadata={"help": "Outputs go to <checkpoints_dir>/<run_name>/grpo."})
-    checkpoints_dir: str = field(default=CHECKPOINTS, metadata={"help": "Root folder of run outputs."})
-    scale_rewards: str = field(default="none", metadata={"help": "none (Dr. GRPO) | group | batch."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": "Upper clip of the ratio (clip-high)."})
-    beta: float = field(default=0.0, metadata={"help": "KL coefficient against the reference policy."})
-    report_to: None | str | list[str] = field(default="wandb", metadata={"help": "Loggers: wandb, none, ..."})
-    rollout_batch_size: int | None = field(
-        default=None, metadata={"help": "Episodes stepped at once (None: all episodes of the generation batch)."})
-    seeded_sampling: bool = field(default=True, metadata={
-        "help": "Hugging Face generate: sample each episode step with its own seed (Gumbel-max, "
-                "training/seeded_sampling.py), so rollouts do not depend on the number of processes, the "
-                "batch composition or the RNG state (resume). vLLM colocated: each round samples from torch's global "
-                "generator seeded from the round's step seeds and restored after it, so rollouts do not depend on "
-                "the random numbers the update drew (TRL's row shuffle does, the packed update does not). "
-                "False: the backend's own sampling."})
-    shared_prefix_generation: bool | None = field(default=None, metadata={
-        "help": "Hugging Face generate (one process or DDP): prefill the common prompt prefix of a round's rows "
-                "once (inference/shared_prefix.py; in a first round all G episodes of a task read the same "
-                "prompt), the same tokens up to float rounding. None (default): on for CPU training, where it was "
-                "measured to help (docs/BENCHMARKS.md), off on CUDA, where it has not been measured. False: "
-                "generate's left-padded prefill of every row."})
-    grouped_attention: bool | None = field(default=None, metadata={
-        "help": "A policy on sdpa attention decodes (and scores without gradients) with sdpa_grouped "
-                "(inference/grouped_attention.py): the query heads of a key/value head folded together instead "
-                "of the key/value cache copied per head every step, the same results. None (default): on for CPU "
-                "training, where it was measured to help; off on CUDA, where its larger mask (4x on the Qwen3-8B "
-                "scoring passes) costs memory and sdpa's fused kernels do the same without copies. False: sdpa's own."})
-    zero_advantage: str = field(default="skip", metadata={
-        "help": "What a step sample or micro-batch whose advantages are all 0 costs (every episode of its groups "
-                "scored the same; with beta 0 its gradient is exactly 0). "
-                "train: TRL's behaviour, every micro-batch runs its forward/backward. "
-                "skip (default): an all-zero micro-batch skips its forward/backward and contributes exact zero "
-                "gradients (one process or DDP, where every rank's must be all 0; under FSDP/DeepSpeed it runs). "
-                "hold: as skip, but the gradients stay unset, so an optimizer step made only of such micro-batches "
-                "leaves the weights and Adam's state alone (Adam stepping on zero gradients keeps moving every "
-                "weight along its momentum; docs/BENCHMARKS.md, \"Learning signal\"). "
-                "drop: train only on samples whose advantage is not 0 (DAPO's dynamic-sampling filter, without "
-                "refilling): they are dropped before TRL shuffles the batch and cuts it into micro-batches, then "
-                "as skip. drop_hold: drop, then as hold (the learning-signal runs with several tasks per step)."})
-
-    vllm_request_timeout: float = field(default=300.0, metadata={
-        "help": "vLLM server mode: seconds any one HTTP request to the server may take (TRL's client sets none, so "
-                "a stalled server blocked every rank for good). A generation round's requests are retried "
-                "vllm_round_retries times, then the run stops on every rank with one error naming the server and "
-                "the step (training/rounds.py); a server failure never becomes episodes scored 0."})
-    vllm_round_retries: int = field(default=2, metadata={
-        "help": "vLLM server mode: how many times a failed generation round is tried again (whole rounds, on the "
-                "main process; the same seeds, so the same tokens) before the run stops."})
-
-    max_tokens_per_microbatch: int = field(default=0, metadata={
-        "help": "Packed policy update (training/packing.py): the generation batch's trained step samples are folded "
-                "into prefix tries (TRL's TreeRow) of at most this many unique tokens per forward/backward, a sample "
-                "in the micro-batch that holds its group (task, step); the loss is TRL's, with the same global "
-                "token normalisation. Every rank runs the same number of packed micro-batches (empty ones pad). "
-                "The no-gradient passes a step may make (reference log-probabilities for beta > 0, old-policy ones "
-                "for vLLM's importance-sampling correction or several updates per generation) are packed too. "
-                "0: TRL's padded rows, cut by row counts (the recorded runs). Needs loss_type dapo, cispo or vespo; "
-                "one process or DDP (not DeepSpeed or FSDP yet)."})
-    fork_credit: int = field(default=0, metadata={
-        "help": "Step-level credit from K forked episodes per episode (training/fork_credit.py): each episode's "
-                "state at its answer phase is rebuilt by replaying its actions and answered K more times; steps "
-                "before the answer phase get the value of the memory they built against the group's (Monte Carlo, "
-                "K + 1 answers), answer steps their return against the forks' mean. 0: GRPO's terminal advantage "
-                "for every step. Needs scale_rewards none; GRPO only."})
-    loss_weighting: str = field(default="token", metadata={
-        "help": "token: every trained token of the generation batch weighs the same (TRL's dapo global token "
-                "mean; an episode weighs as many tokens as it produced); episode: every episode weighs the same "
-                "whatever its number of steps (its tokens share 1/episodes). episode needs beta 0 and loss_type "
-                "dapo, cispo or vespo; rows or packing alike."})
-
-    auto_bf16: bool = field(default=False, metadata={
-        "help": "Choose bf16 autocast where torch reports native bf16 (CUDA with bf16; a CPU with AVX512-BF16 or "
-                "AMX), fp32 elsewhere: sets bf16 (and fp16 false) and prints the choice. False: bf16/fp16 as given, and TRL's "
-                "config turns bf16 on when neither is given (fp32 needs bf16: false). Off by default: the "
-                "packed bf16 update has not been shown to learn (docs/BENCHMARKS.md, \"Learning signal\")."})
-
-    def __post_init__(self):
-        if self.auto_bf16:
-            from .packing import apply_auto_bf16
-
-            apply_auto_bf16(self)
-        if self.output_dir is None:
-            self.output_dir = str(Path(self.checkpoints_dir) / (self.run_name or "atommem") / "grpo")
-        TaskSource.__post_init__(self)
-        ModelConfig.__post_init__(self)
-        super().__post_init__()
-        if self.scale_rewards not in ("none", "group", "batch"):
-            raise ValueError(f"scale_rewards must be none, group or batch, got {self.scale_rewards!r}")
-        if self.max_tokens_per_microbatch is None:
-            self.max_tokens_per_microbatch = 0
-        if self.max_tokens_per_microbatch < 0 or self.max_tokens_per_microbatch == 1:
-            raise ValueError(f"max_tokens_per_microbatch must be 0 (off) or at least 2, got {self.max_tokens_per_microbatch}")
-        if self.fork_credit < 0:
-            raise ValueError(f"fork_credit must be >= 0, got {self.fork_credit}")
-        if self.fork_credit and self.scale_rewards != "none":
-            raise ValueError("fork_credit needs scale_rewards none (its advantages are differences of returns and "
-                             f"Monte Carlo values, not scaled by a group std), got {self.scale_rewards!r}")
-        if self.loss_weighting not in ("token", "episode"):
-            raise ValueError(f"loss_weighting must be token or episode, got {self.loss_weighting!r}")
-        if not self.vllm_request_timeout > 0 or self.vllm_round_retries < 0:
-            raise ValueError("vllm_request_timeout must be above 0 and vllm_round_retries at least 0, got "
-                             f"{self.vllm_request_timeout!r} and {self.vllm_round_retries!r}")
-        from ..models import model_load_kwargs
-
-        model_load_kwargs(self)  # refuses, naming the field, model-loading settings that cannot run here
-        if self.zero_advantage not in ZERO_ADVANTAGE_MODES:
-            raise ValueError(f"zero_advantage must be one of {', '.join(ZERO_ADVANTAGE_MODES)}, got {self.zero_advantage!r}")
-
-
-# zero_advantage mode -> (drop zero-advantage samples, skip all-zero micro-batches, leave their gradients unset)
-ZERO_ADVANTAGE_MODES = {"train": (False, False, False), "skip": (False, True, False), "hold": (False, True, True),
-                        "drop": (True, True, False), "drop_hold": (True, True, True)}
-
-
-def zero_advantage_mode(args) -> tuple[bool, bool, bool]:
-    """(drop, skip, hold) of the config's ``zero_advantage`` (a config without the field: TRL's behaviour)."""
-    return ZERO_ADVANTAGE_MODES[getattr(args, "zero_advantage", "train")]
-
-
-def device_defaults(args, device: torch.device) -> None:
-    """Settings left None resolved for the device the trainer runs on: ``grouped_attention`` and
-    ``shared_prefix_generation`` are CPU levers (measured there), off on accelerators."""
-    on_cpu = device.type == "cpu"
-    for name in ("grouped_attention", "shared_prefix_generation"):
-        if getattr(args, name, False) is None:
-            setattr(args, name, on_cpu)
-
-
-def group_advantages(returns: torch.Tensor, group_size: int, scale: str = "none") -> torch.Tensor:
-    """Group-relative advantages of episode returns laid out as consecutive groups of ``group_size``.
-
-    none: R - mean_group (Dr. GRPO); group: divided by the group std (+1e-4); batch: by the batch std.
-    """
-    grouped = returns.view(-1, group_size)
-    adv = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
-    if scale == "group":
-        std = grouped.std(dim=1, keepdim=True).expand_as(grouped).reshape(-1) if group_size > 1 else torch.zeros_like(adv)
-        adv = adv / (std + 1e-4)
-    elif scale == "batch":
-        adv = adv / (returns.std() + 1e-4)
-    # A group whose returns are all equal carries no signal, but its float mean need not equal the
-    # values (three returns of 1/3 leave |A| ~ 3e-8, ~3e-4 after the group std): exact zeros, so the
-    # group is dropped, skipped and kept out of the token normaliser like any other uninformative one.
-    flat = (grouped == grouped[:, :1]).all(dim=1, keepdim=True).expand_as(grouped).reshape(-1)
-    return adv.masked_fill(flat, 0.0)
-
-
-def step_samples(episodes: list[list[tuple]], advantages: list[float | list[float]]) -> list[tuple]:
-    """(prompt, completion, logps, A) for every step. An episode's advantage is either one number,
-    broadcast to all its steps (GRPO), or one number per step (PPO's GAE)."""
-    out = []
-    for steps, adv in zip(episodes, advantages, strict=True):
-        per_step = adv if isinstance(adv, list) else [adv] * len(steps)
-        if len(per_step) != len(steps):
-            raise ValueError(f"{len(per_step)} advantages for an episode of {len(steps)} steps")
-        out.extend((p, c, lp, a) for (p, c, lp), a in zip(steps, per_step))
-    return out
-
-
-GLOBAL_TOKEN_LOSSES = ("dapo", "cispo", "vespo")  # TRL's losses normalised by the generation batch's token count
-IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
-
-
-def importance_sampling_ratio(old_logps: torch.Tensor, sampling_logps: torch.Tensor, mask: torch.Tensor, mode: str,
-                              clip_min: float | None, clip_max: float | None) -> torch.Tensor:
-    """vLLM's sampling distribution differs from the trained policy's (kernels, precision): the rollout
-    tokens are reweighted by pi_old / pi_vllm, per token (shape B x T) or per sequence (B x 1, the
-    product over its tokens). ``*_truncate`` clamps the ratio to [clip_min, clip_max]; ``*_mask``
-    zeroes it outside that range (the sample then carries no loss). None bounds are open. NaN sampling
-    log-probabilities (unavailable from vLLM) count as no correction. These are TRL's modes and defaults."""
-    if mode not in IS_MODES:
-        raise ValueError(f"vllm_importance_sampling_mode must be one of {', '.join(IS_MODES)}, got {mode!r}")
-    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
-    if mode.startswith("sequence"):
-        diff = diff.sum(dim=-1, keepdim=True)
-    ratio = torch.exp(diff)
-    lo = -float("inf") if clip_min is None else clip_min
-    hi = float("inf") if clip_max is None else clip_max
-    if mode.endswith("truncate"):
-        return ratio.clamp(min=lo, max=hi)
-    return ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
 
 
 class EpochRepeatSampler(RepeatSampler):
@@ -273,38 +82,6 @@ class EpochRepeatSampler(RepeatSampler):
         return super().__iter__()
 
 
-def refuse_unsupported(config, peft_config=None) -> None:
-    """Settings of TRL's GRPOTrainer that the step-wise override does not carry, refused with a clear error
-    before anything is built (everything else TRL's loss reads is passed through unchanged)."""
-    if config is None:
-        return
-    errors = []
-    if getattr(config, "vllm_importance_sampling_mode", "sequence_mask") not in IS_MODES:
-        errors.append(f"vllm_importance_sampling_mode must be one of {', '.join(IS_MODES)}, "
-                      f"got {config.vllm_importance_sampling_mode!r}")
-    if (getattr(config, "use_vllm", False) and getattr(config, "vllm_mode", None) == "colocate"
-            and getattr(config, "vllm_tensor_parallel_size", 1) > 1):
-        # TRL's colocated tensor-parallel path slices each group's gathered prompts by equal counts, and
-        # ranks hold different numbers of active episodes at a step
-        errors.append("vllm_mode colocate with vllm_tensor_parallel_size > 1 is not supported by the step-wise "
-                      "trainer (ranks hold different numbers of episodes); use vllm_mode server")
-    packing = bool(getattr(config, "max_tokens_per_microbatch", 0))
-    episode = getattr(config, "loss_weighting", "token") == "episode"
-    loss_type = getattr(config, "loss_type", "dapo")
-    if (packing or episode) and loss_type not in GLOBAL_TOKEN_LOSSES:
-        # the others normalise per micro-batch (row counts), which packing changes
-        errors.append(f"max_tokens_per_microbatch / loss_weighting episode need loss_type in "
-                      f"{', '.join(GLOBAL_TOKEN_LOSSES)} (normalised over the whole generation batch), got {loss_type!r}")
-    if episode and getattr(config, "beta", 0.0) != 0.0:
-        errors.append("loss_weighting episode with beta > 0 is not supported (the KL term would stay a token mean)")
-    if packing and (getattr(config, "top_entropy_quantile", 1.0) < 1.0 or getattr(config, "entropy_coef", 0.0)
-                    or getattr(config, "use_adaptive_entropy", False)):
-        errors.append("max_tokens_per_microbatch with top_entropy_quantile < 1 or an entropy bonus is not supported "
-                      "(TRL takes both per micro-batch); set max_tokens_per_microbatch: 0")
-    if errors:
-        raise ValueError("; ".join(errors))
-
-
 def refuse_unsupported_packing(trainer) -> None:
     """Packed updates need settings only known once the trainer is built: one process, DDP or FSDP2
     (``packing.sharding_refusal`` says why not DeepSpeed or FSDP1)."""
@@ -319,7 +96,7 @@ def refuse_unsupported_packing(trainer) -> None:
         raise ValueError("max_tokens_per_microbatch does not carry the MoE router auxiliary loss; set it to 0")
 
 
-class StepwiseGRPOTrainer(GRPOTrainer):
+class StepwiseGRPOTrainer(ZeroAdvantageLoss, GRPOTrainer):
     """GRPOTrainer whose generation batch is made of memory episodes (see the module docstring)."""
 
     def __init__(self, *args, env_config: dict | None = None, rollout_batch_size: int | None = None, **kwargs):
@@ -451,9 +228,8 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             "completion_mask": completion_mask, "advantages": adv, "num_items_in_batch": num_items_in_batch,
         }
         self._score_old_and_ref(output, samples, mode)
-        self._log_episodes(mode, recs, all_returns, n_steps, completion_tokens)
-        from .diagnostics import log_generation_diagnostics  # TRL's own metrics, which TRL's override logged
-
+        log_episodes(self, mode, recs, all_returns, n_steps, completion_tokens)
+        # TRL's own metrics, which the overridden method logged
         log_generation_diagnostics(self, mode, samples[:n_real], output, all_returns, group)
         if self.log_completions:
             real = samples[:n_real]
@@ -710,76 +486,6 @@ class StepwiseGRPOTrainer(GRPOTrainer):
             return self._get_per_token_logps_and_entropies(self.model, input_ids, attention, keep,
                                                            batch_size=batch_size)[0]
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss, except for a micro-batch that cannot move the policy: with beta 0 every loss type
-        is linear in the advantages, so all-zero advantages give exactly zero gradients. On a CPU that
-        forward/backward is most of a GRPO step (a group whose episodes all scored 0 is common early on);
-        ``0 * sum(params)`` gives the same zero gradients (the optimizer still steps, Adam's moments
-        decay as they would) without it. With ``zero_advantage: hold`` the gradients stay unset
-        instead, and a step made only of such micro-batches leaves the weights and optimizer state alone:
-        stepping Adam on zero gradients keeps moving every weight along its momentum, which with sparse
-        rewards is most steps (measured in docs/BENCHMARKS.md, "Learning signal")."""
-        if self._all_advantages_zero(inputs):
-            self._metrics["train"]["skipped_zero_advantage"].append(1.0)
-            self._average_skipped_gradients(model)
-            if zero_advantage_mode(self.args)[2]:
-                # connected to no parameter: its backward leaves every .grad as it was (None after
-                # the Trainer's zero_grad), and the optimizer skips parameters without a gradient
-                return torch.zeros((), device=self.accelerator.device, requires_grad=True)
-            params = [p for p in model.parameters() if p.requires_grad]
-            return torch.stack([p.sum() for p in params]).sum() * 0.0
-        if self.model.training:
-            self._metrics["train"]["skipped_zero_advantage"].append(0.0)
-        if "packed_microbatches" in inputs:
-            return self._packed_loss(model, inputs)
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-
-    def _average_skipped_gradients(self, model) -> None:
-        """A skipped micro-step that closes an accumulation window under DDP: average the accumulated
-        gradients over the ranks by hand. DDP averages in the backward of a forward it ran with
-        synchronisation on, which is only ever the window's last micro-step; the earlier ones ran under
-        ``no_sync``. Skipping that forward would leave every rank stepping its optimizer on its own local
-        gradients, and the replicas would drift apart for the rest of the run. Every rank takes this path
-        together (the skip is decided collectively), with the same parameters holding gradients (the same
-        micro-steps ran everywhere), so the all-reduces match."""
-        acc = self.accelerator
-        if acc.num_processes < 2 or not acc.sync_gradients:
-            return
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        if not grads:  # hold, and nothing earlier in the window had signal: every rank has no gradient
-            return
-        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for g in grads:  # one all-reduce per dtype (a flat buffer holds one)
-            by_dtype.setdefault(g.dtype, []).append(g)
-        for _, group in sorted(by_dtype.items(), key=lambda kv: str(kv[0])):  # the same order on every rank
-            flat = _flatten_dense_tensors(group)
-            torch.distributed.all_reduce(flat)
-            flat /= acc.num_processes
-            for g, avg in zip(group, _unflatten_dense_tensors(flat, group), strict=True):
-                g.copy_(avg)
-
-    def _all_advantages_zero(self, inputs) -> bool:
-        """Whether this micro-batch may skip its forward/backward (``zero_advantage`` skip, hold, drop...).
-
-        With several processes the ranks must agree, since DDP all-reduces gradients in the backward
-        of a forward it ran: they skip together only when every rank's micro-batch is all zeros (one
-        all-reduce of a flag; every rank runs the same number of micro-batches). A backward that did
-        not come from a DDP forward fires no reduction, and every rank's gradients are zero anyway.
-        DeepSpeed and FSDP gather parameters inside their own forward and reduce inside their own
-        backward, so there the micro-batch always runs."""
-        from accelerate.utils import DistributedType
-
-        acc = self.accelerator
-        if not (zero_advantage_mode(self.args)[1] and self.beta == 0.0 and self.model.training
-                and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)):
-            return False
-        nonzero = torch.any(inputs["advantages"] != 0).float().reshape(1)
-        if acc.num_processes > 1:
-            nonzero = acc.reduce(nonzero, reduction="sum")
-        return nonzero.item() == 0
-
     def _advantages(self, recs: list[dict], episodes: list[list[tuple]], all_returns: torch.Tensor,
                     group: int) -> list[float | list[float]]:
         """One advantage per local episode: group-relative over all processes' returns (GRPO); with
@@ -799,42 +505,6 @@ class StepwiseGRPOTrainer(GRPOTrainer):
         all_adv = group_advantages(all_returns, group, self.scale_rewards)
         i0 = self.accelerator.process_index * len(recs)
         return all_adv[i0 : i0 + len(recs)].tolist()
-
-    def _log_episodes(self, mode: str, recs: list[dict], all_returns: torch.Tensor, n_steps: int,
-                      completion_tokens: int) -> None:
-        """Reward, operation frequencies per step (AtomMem's training-dynamics figure), tool errors,
-        episode lengths and tokens, averaged over all processes."""
-        m = self._metrics[mode]
-        m["reward"].append(all_returns.mean().item())
-        m["reward_std"].append(all_returns.std().item() if all_returns.numel() > 1 else 0.0)
-        local = {
-            "em": sum(r.get("em", 0.0) for r in recs), "f1": sum(r.get("f1", 0.0) for r in recs),
-            "episode_steps": sum(len(r["steps"]) for r in recs),
-            "tool_errors": sum(r.get("tool_errors", 0) for r in recs),
-            "crashes": sum(int(r.get("crashed", False)) for r in recs),
-            "completion_tokens": float(completion_tokens),
-            **{f"op_{op}": sum((r.get("ops") or {}).get(op, 0) for r in recs) for op in OPS},
-            "episodes": len(recs), "steps": n_steps,
-            # Hugging Face generate's prompt tokens and those it prefilled (shared_prefix_generation; 0, 0 on vLLM)
-            "prompt_tokens": float(getattr(self, "_prefill", (0, 0))[0]),
-            "prefilled_tokens": float(getattr(self, "_prefill", (0, 0))[1]),
-        }
-        keys = sorted(local)
-        totals = self.accelerator.gather(torch.tensor([float(local[k]) for k in keys], device=self.accelerator.device))
-        totals = totals.view(-1, len(keys)).sum(0).tolist()
-        agg = dict(zip(keys, totals))
-        eps, steps = max(agg["episodes"], 1.0), max(agg["steps"], 1.0)
-        m["episode/em"].append(agg["em"] / eps)
-        m["episode/f1"].append(agg["f1"] / eps)
-        m["episode/steps"].append(agg["episode_steps"] / eps)
-        m["episode/crashes"].append(agg["crashes"])
-        m["tools/errors_per_step"].append(agg["tool_errors"] / steps)
-        m["tokens/completion_per_step"].append(agg["completion_tokens"] / steps)
-        for op in OPS:
-            m[f"ops/{op}_per_step"].append(agg[f"op_{op}"] / steps)
-        if agg["prompt_tokens"]:
-            m["rollout/prefilled_per_prompt_token"].append(agg["prefilled_tokens"] / agg["prompt_tokens"])
-
 
 def build_trainer(config: GRPORecipeConfig, trainer_cls: type = StepwiseGRPOTrainer, **extra) -> StepwiseGRPOTrainer:
     """The policy (optionally LoRA), the tasks as TRL rows, and the step-wise trainer."""
