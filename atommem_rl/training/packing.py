@@ -41,8 +41,16 @@ since TRL's loss gathers per-row metrics) and deals the micro-batches to the mic
 ``_compute_loss`` then runs per packed micro-batch, its per-token log-probabilities from
 :func:`packed_logprobs` (through the DDP wrapper's forward when there is one). The step's no-gradient
 passes (reference log-probabilities for the KL term, old-policy ones for the importance-sampling
-correction) run packed as well (``_packed_scores``: the unwrapped model, no collective), laid out as TRL's
-rows so its loss reads them unchanged. :func:`grpo_loss` and
+correction) run packed as well (``_packed_scores``: the unwrapped model, no collective under DDP), laid out as
+TRL's rows so its loss reads them unchanged.
+
+Under FSDP2 (``fully_shard``, accelerate's FSDP2 preparation; on CPU ranks only through the rehearsal switch of
+``fsdp_cpu.py``) the parameters are DTensor shards gathered inside their modules' forwards, so
+:func:`packed_logprobs` scores through TRL's fused LM head inside the model's own forward
+(:func:`_sharded_logprobs`: TRL gathers the head with ``full_tensor()``) instead of reading ``head.weight``;
+every forward gathers, so the no-gradient passes are padded to the same count on every rank like the update;
+the several backwards of a micro-step reduce once, through accelerate's ``no_sync`` (FSDP2's
+``set_requires_gradient_sync``). :func:`sharding_refusal` names the modes that stay refused (DeepSpeed, FSDP1). :func:`grpo_loss` and
 :func:`token_weights` are the by-hand references (bench, tests); the trainer's episode weighting scales
 the advantages instead (``_episode_scale``).
 """
