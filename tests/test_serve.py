@@ -84,6 +84,7 @@ def fact(name: str, n: int) -> str:
     return f"{name} keeps the item number {n} inside box {name}{n}."
 
 
+@pytest.mark.slow
 def test_eight_concurrent_sessions_are_isolated_and_batched(server):
     with httpx.Client(base_url=server.url, timeout=120) as c:
         for name in NAMES:
@@ -194,6 +195,7 @@ def test_kill9_mid_load_loses_no_acknowledged_observation(checkpoint, tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_memory_page_in_headless_chromium(server, tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     require(chromium is not None, "needs Debian's chromium (apt-get install -y chromium)")
@@ -232,6 +234,7 @@ def test_serving_the_tiny_checkpoint_itself(checkpoint, tmp_path):
         server.stop()
 
 
+@pytest.mark.slow
 def test_bench_serve_reports_both_modes_side_by_side(checkpoint):
     """``atommem bench serve --json`` on the tiny checkpoint: both modes measured, their ratio reported
     (the 135M figure is in docs/BENCHMARKS.md; here only that the benchmark runs and adds up)."""

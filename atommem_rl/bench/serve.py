@@ -8,7 +8,7 @@ reading prompt by default). Each session observes its own document of ``--senten
 (one chunk). A run is one observation per session: *batched* = ``observe_many`` over all sessions
 (what the server's worker calls; every round is one generate call for all of them), *one at a time*
 = ``observe`` per session in turn. Runs alternate, batched then one-at-a-time, ``--repeats`` times
-after one unmeasured warm-up of each, so both see the same machine load; every run uses new
+after one unmeasured warm-up observation, so both see the same machine load; every run uses new
 namespaces. Reported: the median observations per second of each mode (and every run's), and
 ``ratio`` = batched / one-at-a-time of the medians.
 
@@ -23,6 +23,7 @@ import json
 import platform
 import statistics
 import subprocess
+import sys
 import time
 import uuid
 
@@ -75,11 +76,15 @@ def main(args) -> int:
             a.delete()
         return args.sessions / seconds
 
-    run(True), run(False)  # warm-up (allocator, kernels), not measured
+    warm = first.open(f"bench-warm-{uuid.uuid4().hex[:8]}")
+    warm.observe(document(0, args.sentences, "warm-up"))  # allocator and kernels warm, not measured
+    warm.delete()
     batched, single = [], []
-    for _ in range(args.repeats):
+    for r in range(args.repeats):
         batched.append(run(True))
         single.append(run(False))
+        print(f"run {r + 1}/{args.repeats}: batched {batched[-1]:.4f} obs/s, one at a time {single[-1]:.4f} obs/s",
+              file=sys.stderr, flush=True)  # a long benchmark shows its progress
     first.delete()
     mb, ms = statistics.median(batched), statistics.median(single)
     out = {"benchmark": "serve", "machine": cpu_name(), "model": model, "backend": "hf",
