@@ -70,6 +70,7 @@ def test_larger_budget_costs_more_and_cluster_shape():
     assert gib_size("80GiB") == 80 * 2 ** 30 and gib_size("141G") == 141 * 2 ** 30
 
 
+@pytest.mark.slow  # 77 s with the machine shared (two process starts: the measuring one is spawned fresh)
 def test_tracker_agrees_with_rss_on_a_real_small_model(tmp_path):
     # a random-weight Qwen3 whose tensors (fp32 weights, gradients, AdamW moments: ~400 MB) dominate the process
     from atommem_rl.models import tiny_model

@@ -69,8 +69,19 @@ def layer_list(text: str) -> list[int]:
     return layers
 
 
+def layer_list_tokens(text: str) -> list[int]:
+    try:
+        tokens = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+    if not tokens or tokens[0] < 256 or tokens[-1] > 10 ** 6:
+        raise argparse.ArgumentTypeError(f"expected token counts in 256..1000000, got {text!r}")
+    return tokens
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipe", default="recipes/qwen3_8b/grpo.yaml", help="recipe YAML (default the Qwen3-8B GRPO one)")
+    parser.add_argument("--recipe", default="recipes/qwen3_8b/grpo.yaml",
+                        help="recipe YAML (default the Qwen3-8B GRPO one)")
     parser.add_argument("--gpus-per-node", type=at_most(64), default=8)
     parser.add_argument("--nodes", type=at_most(1024), default=1, help="nodes of the job (default 1)")
     parser.add_argument("--gpu-memory", type=gib_size, default=80 * GIB, help="memory of one GPU (default 80GiB)")
@@ -84,11 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="fraction of GPU memory kept free beyond the CUDA terms (default 0.10)")
     parser.add_argument("--allocator-margin", type=nonneg_float, default=0.10,
                         help="caching-allocator rounding and fragmentation, fraction of the traced peak (default 0.10)")
-    parser.add_argument("--context-gib", type=nonneg_float, default=1.5, help="CUDA context + NCCL buffers (default 1.5)")
+    parser.add_argument("--context-gib", type=nonneg_float, default=1.5,
+                        help="CUDA context + NCCL buffers, GiB (default 1.5)")
     parser.add_argument("--no-search", action="store_true", help="skip the largest-budget search")
     parser.add_argument("--no-padded", action="store_true", help="skip the padded-row path")
     parser.add_argument("--validate", metavar="MODEL_DIR", default=None,
                         help="instead: the tracker against the peak RSS of real CPU steps of MODEL_DIR's model")
+    parser.add_argument("--validate-tokens", type=layer_list_tokens, default=[4096, 8192, 16384],
+                        help="--validate: packed tokens per micro-batch (default 4096,8192,16384)")
     parser.add_argument("--repeats", type=at_most(20), default=3, help="--validate: real runs per case (default 3)")
     parser.add_argument("--json", action="store_true")
 
@@ -230,15 +244,13 @@ def run_plan(args) -> dict:
     return out
 
 
-# --validate: (kind, ranks, batch) at sizes where the model's tensors dominate the process (SmolLM2-135M)
-VALIDATION_CASES = [
-    ("packed", 1, {"tokens": 4096, "completion": 1024}),
-    ("packed", 1, {"tokens": 8192, "completion": 1024}),
-    ("packed", 1, {"tokens": 16384, "completion": 1024}),
-    ("padded", 1, {"rows": 2, "width": 2048, "completion": 1024}),
-    ("padded", 1, {"rows": 4, "width": 2048, "completion": 1024}),
-    ("packed", 2, {"tokens": 4096, "completion": 1024}),
-]
+def validation_cases(tokens: list[int]) -> list[tuple[str, int, dict]]:
+    """--validate: (kind, ranks, batch) at sizes where the model's tensors dominate the process (SmolLM2-135M):
+    packed on 1 rank at each of ``tokens``, padded rows (2048 wide) at the two smallest, packed on 2 ranks at
+    the smallest."""
+    cases = [("packed", 1, {"tokens": t, "completion": 1024}) for t in tokens]
+    cases += [("padded", 1, {"rows": max(1, t // 2048), "width": 2048, "completion": 1024}) for t in tokens[:2]]
+    return cases + [("packed", 2, {"tokens": tokens[0], "completion": 1024})]
 
 
 def run_validation(model_dir: str, cases, repeats: int = 3) -> dict:
@@ -267,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
     start = time.time()
     try:
         if args.validate:
-            out = run_validation(args.validate, VALIDATION_CASES, repeats=args.repeats)
+            out = run_validation(args.validate, validation_cases(args.validate_tokens), repeats=args.repeats)
         else:
             out = run_plan(args)
     except (ValueError, OSError) as exc:
