@@ -13,7 +13,9 @@ from .grpo_config import zero_advantage_mode
 
 
 class ZeroAdvantageLoss:
-    """``compute_loss`` of :class:`~atommem_rl.training.grpo.StepwiseGRPOTrainer` (before TRL's in the MRO)."""
+    """``compute_loss`` of :class:`~atommem_rl.training.grpo.StepwiseGRPOTrainer`, first in its MRO: the skip is
+    decided once per micro-step, and the packed micro-batches of a micro-step then run TRL's loss directly
+    (``PackedUpdate._packed_loss`` calls the next ``compute_loss``, TRL's, not this one)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """TRL's loss, except for a micro-batch that cannot move the policy: with beta 0 every loss type
