@@ -289,3 +289,16 @@ def test_model_loading_fields_are_honoured_or_refused(tiny, tmp_path):
     with pytest.raises(ValueError, match="model_init_kwargs: set the weights' dtype with the recipe's dtype key"):
         small_config(tiny, tmp_path / "d", model_init_kwargs={"dtype": "bfloat16"})
 
+
+def test_fsdp_reference_model_with_rank0_loading_is_refused(tiny, tmp_path, monkeypatch):
+    """Under FSDP with fsdp_cpu_ram_efficient_loading, TRL 1.16 shards the reference model with zeros on every
+    rank but the first (measured: reference log-probabilities off by up to 1.22 nats on 2 FSDP2 CPU ranks), so
+    beta > 0 without PEFT is refused before any work; beta 0 or the setting off is accepted."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "true")
+    with pytest.raises(ValueError, match="fsdp_cpu_ram_efficient_loading"):
+        small_config(tiny, tmp_path / "a", beta=0.04)
+    small_config(tiny, tmp_path / "b", beta=0.0)
+    monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "false")
+    small_config(tiny, tmp_path / "c", beta=0.04)
+

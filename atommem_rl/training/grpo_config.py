@@ -85,7 +85,7 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
                 "The no-gradient passes a step may make (reference log-probabilities for beta > 0, old-policy ones "
                 "for vLLM's importance-sampling correction or several updates per generation) are packed too. "
                 "0: TRL's padded rows, cut by row counts (the recorded runs). Needs loss_type dapo, cispo or vespo; "
-                "one process or DDP (not DeepSpeed or FSDP yet)."})
+                "one process, DDP or FSDP2 (not DeepSpeed or FSDP1)."})
     fork_credit: int = field(default=0, metadata={
         "help": "Step-level credit from K forked episodes per episode (training/fork_credit.py): each episode's "
                 "state at its answer phase is rebuilt by replaying its actions and answered K more times; steps "
@@ -130,6 +130,15 @@ class GRPORecipeConfig(GRPOConfig, ModelConfig, TaskSource):
         if not self.vllm_request_timeout > 0 or self.vllm_round_retries < 0:
             raise ValueError("vllm_request_timeout must be above 0 and vllm_round_retries at least 0, got "
                              f"{self.vllm_request_timeout!r} and {self.vllm_round_retries!r}")
+        import os
+
+        if (os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and self.beta != 0.0 and not self.use_peft
+                and os.environ.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() == "true"):
+            # transformers loads the weights on rank 0 only; accelerate broadcasts them into the policy's shards,
+            # but TRL 1.16 shards the reference model as loaded (zeros elsewhere): KL against a wrong reference
+            raise ValueError("beta > 0 under FSDP with fsdp_cpu_ram_efficient_loading: true gives the reference model "
+                             "zero weights on every rank but the first (TRL 1.16); set fsdp_cpu_ram_efficient_loading: "
+                             "false in the accelerate config, or beta: 0")
         from ..models import model_load_kwargs
 
         model_load_kwargs(self)  # refuses, naming the field, model-loading settings that cannot run here
