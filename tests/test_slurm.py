@@ -62,7 +62,7 @@ def test_grpo_five_nodes_print_only(grpo_recipe):
     assert flag(inner, "--machine_rank") == "$SLURM_PROCID"  # expanded by each task's own shell
     assert flag(inner, "--main_process_ip") == "gpu08"  # the first training node
     assert flag(inner, "--rdzv_backend") == "c10d"
-    assert flag(inner, "--config_file") == "recipes/accelerate/zero3.yaml"
+    assert flag(inner, "--config_file") == "recipes/accelerate/fsdp2.yaml"  # the packed update runs under FSDP2
     i = inner.index("-m")
     assert inner[i + 1:i + 3] == ["atommem_rl.cli", "grpo"] and flag(inner, "--config") == str(grpo_recipe)
     assert flag(inner, "--vllm_mode") == "server" and flag(inner, "--vllm_server_host") == "gpu07"
@@ -176,7 +176,7 @@ def test_grpo_sbatch_dry_run_commands_parse(recipe, stage, with_overrides, nodes
         assert any(w.startswith("VLLM_HOST_IP=") for w in inner), inner
     else:
         inner = train
-    accel = "recipes/accelerate/fsdp2.yaml" if stage == "ppo" else "recipes/accelerate/zero3.yaml"
+    accel = "recipes/accelerate/fsdp2.yaml"  # GRPO and PPO alike
     assert flag(inner, "--config_file") == accel
     sub, config = parse_training(inner)
     assert sub == stage

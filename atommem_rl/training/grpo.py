@@ -28,8 +28,8 @@ gradients without a forward/backward (``zero_advantage: skip``; under DDP only w
 
 Launch:
     atommem grpo --config recipes/quickstart/grpo.yaml                     # CPU, SmolLM2-135M
-    accelerate launch --config_file recipes/accelerate/zero3.yaml -m atommem_rl.cli grpo \
-        --config recipes/qwen3_8b/grpo.yaml                                # 8 GPUs
+    accelerate launch --config_file recipes/accelerate/fsdp2.yaml -m atommem_rl.cli grpo \
+        --config recipes/qwen3_8b/grpo.yaml                                # 8 GPUs, packed update under FSDP2
 """
 
 from __future__ import annotations
