@@ -70,6 +70,8 @@ def test_accelerate_config_loads(path):
     config = load_config_from_file(str(path))
     if path.stem == "cpu_2proc":
         assert config.num_processes == 2  # that two processes really start: test_cpu_2proc_starts_two_ranks
+    elif path.stem == "fsdp2_cpu":  # the FSDP2 rehearsal on 2 gloo ranks, fp32 (tests/test_fsdp2_packing.py)
+        assert config.num_processes == 2 and config.fsdp_config.get("fsdp_version") == 2
     elif path.stem != "single_gpu":
         assert config.num_processes == 8 and config.mixed_precision == "bf16"
 

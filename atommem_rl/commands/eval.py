@@ -161,8 +161,9 @@ def main(args) -> int:
         # --model, or the default base model when a method will read with it (not for oracle/heuristic only)
         check_model_or_default(args.model)
     datasets, files = _datasets(args.tasks, args.limit, args.max_blocks)
-    for t in (t for ts in datasets.values() for t in ts) if "oracle" in methods else ():
-        t.require_evidence("the oracle method (leave it out of --methods)")
+    for name, ts in datasets.items() if "oracle" in methods else ():
+        for t in ts:
+            t.require_evidence(f"the oracle method (tasks from {files[name]}; leave it out of --methods)")
     fields = {f: getattr(args, f) for f in EvalSettings.__dataclass_fields__ if hasattr(args, f)}
     settings = EvalSettings(**fields)
     if args.extractor_model and args.backend != "openai":

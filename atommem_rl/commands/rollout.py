@@ -141,7 +141,7 @@ def main(args) -> int:
     if not tasks:
         raise ValueError(f"{args.tasks} holds no tasks")
     for t in tasks if args.policy == "oracle" else ():
-        t.require_evidence("--policy oracle")
+        t.require_evidence(f"--policy oracle (tasks from {args.tasks})")
     if args.chroma:
         from atommem_rl.memory.chroma_clients import make_client, parse_url
 
