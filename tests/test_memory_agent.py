@@ -35,6 +35,15 @@ agent = MemoryAgent.from_pretrained(CHECKPOINT, store=STORE, namespace="lab")
 print(agent.ask("Which room is the centrifuge in?").answer)
 '''
 
+def test_readme_shows_the_example_this_file_runs():
+    """The README's agent example is this file's README_EXAMPLE (after its line naming CHECKPOINT and STORE)."""
+    from .conftest import REPO
+
+    readme = "\n".join(line for line in (REPO / "README.md").read_text().splitlines()
+                       if not line.startswith("CHECKPOINT, STORE = "))
+    assert README_EXAMPLE.strip() in readme
+
+
 _RUN = '''
 import json, sys
 from atommem_rl import MemoryAgent

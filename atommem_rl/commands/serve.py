@@ -1,4 +1,4 @@
-"""``atommem serve CHECKPOINT``: the trained memory agent as an HTTP API with sessions.
+r"""``atommem serve CHECKPOINT``: the trained memory agent as an HTTP API with sessions.
 
     atommem serve checkpoints/run/grpo --store memories/ --port 8080
     atommem serve checkpoints/run/merged --backend openai --base-url http://127.0.0.1:8000/v1 \
