@@ -169,3 +169,15 @@ def chat_reply(content: str, prompt_tokens: int = 0, completion_tokens: int = 0)
     """An OpenAI chat-completions response body with ``content`` and usage counts."""
     return 200, {"choices": [{"message": {"content": content}}],
                  "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}}
+
+
+def tiny_agent_checkpoint(folder: Path) -> Path:
+    """A tiny Qwen3 checkpoint with the environment it 'trained' in (question-hidden, short chunks), as a
+    trained agent checkpoint carries it: what MemoryAgent and atommem serve load in their tests."""
+    from atommem_rl.models import tiny_model
+    from atommem_rl.training.checkpoint_env import write_env
+
+    ckpt = tiny_model(folder / "ckpt", arch="qwen3", hidden_size=32, heads=2, kv_heads=1, intermediate_size=64)
+    write_env(ckpt, {"questions": "hidden", "chunk_tokens": 96, "max_prompt_tokens": 2048}, "sft")
+    return ckpt
+

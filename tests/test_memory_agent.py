@@ -80,14 +80,9 @@ def _run(ckpt, store, phase_one: bool, scripted: bool) -> dict:
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    """A tiny checkpoint with the environment it trained in (question-hidden, short chunks)."""
-    from atommem_rl.models import tiny_model
-    from atommem_rl.training.checkpoint_env import write_env
+    from .conftest import tiny_agent_checkpoint
 
-    ckpt = tiny_model(tmp_path_factory.mktemp("agent") / "ckpt", arch="qwen3", hidden_size=32, heads=2, kv_heads=1,
-                      intermediate_size=64)
-    write_env(ckpt, {"questions": "hidden", "chunk_tokens": 96, "max_prompt_tokens": 2048}, "sft")
-    return ckpt
+    return tiny_agent_checkpoint(tmp_path_factory.mktemp("agent"))
 
 
 @pytest.mark.slow

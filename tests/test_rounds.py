@@ -15,6 +15,18 @@ import torch
 from .conftest import REPO, free_port
 
 
+def launch_ranks(script: str, *args: str, timeout: int = 120) -> list[dict]:
+    """``accelerate launch`` of a tests/multirank driver on 2 gloo ranks; the JSON lines its ranks wrote to the
+    file given as its first argument, sorted by rank."""
+    out = Path(args[0])
+    accelerate = Path(sys.executable).with_name("accelerate")
+    res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
+                          "--main_process_port", str(free_port()), str(REPO / "tests/multirank" / script), *args],
+                         cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+
+
 def test_server_rounds_with_uneven_prompts_on_two_ranks(tmp_path):
     """Two gloo ranks send 3/1 and 1/4/2/2 prompts per round (rank 0 finishes first and drains): every
     completion comes back to the rank and position of its own prompt (TRL's server path sliced by
@@ -40,13 +52,7 @@ def test_a_failed_server_round_raises_on_every_rank(tmp_path):
     error): every rank raises ServerRoundError naming it, in the same round, at once. Before, rank 0 raised
     alone and rank 1 waited in the broadcast of the round's completions until gloo's 30-minute timeout
     (this test's 120 s limit would have cut it)."""
-    out = tmp_path / "ranks.jsonl"
-    accelerate = Path(sys.executable).with_name("accelerate")
-    res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
-                          "--main_process_port", str(free_port()), str(REPO / "tests/multirank/server_rounds.py"),
-                          str(out), "fail"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-3000:]
-    ranks = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+    ranks = launch_ranks("server_rounds.py", str(tmp_path / "ranks.jsonl"), "fail")
     assert [(r["rank"], r["round"], r["error"]) for r in ranks] == [(0, 1, "ServerRoundError"), (1, 1, "ServerRoundError")]
     assert all("ConnectionError: scripted: the server went away" in r["message"] for r in ranks)
 
@@ -55,13 +61,7 @@ def test_a_mismatched_completion_stops_every_rank(tmp_path):
     """The server answers rank 1's second-round prompts with completions of another prompt: the main
     process checks every rank's echoes and every rank raises CompletionMismatch in that round (before,
     rank 1 raised alone and rank 0 waited in the next round's gather)."""
-    out = tmp_path / "ranks.jsonl"
-    accelerate = Path(sys.executable).with_name("accelerate")
-    res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
-                          "--main_process_port", str(free_port()), str(REPO / "tests/multirank/server_rounds.py"),
-                          str(out), "mismatch"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-3000:]
-    ranks = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
+    ranks = launch_ranks("server_rounds.py", str(tmp_path / "ranks.jsonl"), "mismatch")
     assert [(r["rank"], r["round"], r["error"]) for r in ranks] == [(0, 1, "CompletionMismatch"), (1, 1, "CompletionMismatch")]
     assert all("per rank: [0, 4]" in r["message"] for r in ranks)
 
@@ -214,16 +214,10 @@ def test_server_failure_stops_busy_and_idle_ranks_alike(mode, tmp_path):
     is recorded (before: the busy rank turned the failure into crashed episodes scored 0, retried them one
     by one, and the idle rank raised alone while the other waited; a stalled server blocked for good)."""
     server = _FailingServer(mode)
-    out = tmp_path / "ranks.jsonl"
-    accelerate = Path(sys.executable).with_name("accelerate")
     try:
-        res = subprocess.run([str(accelerate), "launch", "--config_file", str(REPO / "recipes/accelerate/cpu_2proc.yaml"),
-                              "--main_process_port", str(free_port()), str(REPO / "tests/multirank/server_failure.py"),
-                              str(out), server.url], cwd=REPO, capture_output=True, text=True, timeout=300)
+        ranks = launch_ranks("server_failure.py", str(tmp_path / "ranks.jsonl"), server.url, timeout=300)
     finally:
         server.close()
-    assert res.returncode == 0, res.stderr[-3000:]
-    ranks = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["rank"])
     assert [r["error"] for r in ranks] == ["ServerRoundError", "ServerRoundError"], ranks
     assert ranks[0]["message"] == ranks[1]["message"]
     assert server.url in ranks[0]["message"] and "global step 3" in ranks[0]["message"]

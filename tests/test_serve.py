@@ -27,13 +27,9 @@ NAMES = ["Ana", "Ben", "Cleo", "Dev", "Eli", "Fay", "Gus", "Hana"]
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    from atommem_rl.models import tiny_model
-    from atommem_rl.training.checkpoint_env import write_env
+    from .conftest import tiny_agent_checkpoint
 
-    ckpt = tiny_model(tmp_path_factory.mktemp("serve") / "ckpt", arch="qwen3", hidden_size=32, heads=2, kv_heads=1,
-                      intermediate_size=64)
-    write_env(ckpt, {"questions": "hidden", "chunk_tokens": 96, "max_prompt_tokens": 2048}, "sft")
-    return ckpt
+    return tiny_agent_checkpoint(tmp_path_factory.mktemp("serve"))
 
 
 class Server:
