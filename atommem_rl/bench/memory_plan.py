@@ -102,8 +102,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validate", metavar="MODEL_DIR", default=None,
                         help="instead: the tracker against the peak RSS of real CPU steps of MODEL_DIR's model")
     parser.add_argument("--validate-tokens", type=layer_list_tokens, default=[4096, 8192, 16384],
-                        help="--validate: packed tokens per micro-batch (default 4096,8192,16384)")
-    parser.add_argument("--repeats", type=at_most(20), default=3, help="--validate: real runs per case (default 3)")
+                        help="packed tokens per micro-batch with --validate (default 4096,8192,16384)")
+    parser.add_argument("--repeats", type=at_most(20), default=3, help="real runs per case with --validate (default 3)")
     parser.add_argument("--json", action="store_true")
 
 

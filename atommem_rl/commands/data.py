@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="standard (synth.py) or roam: accumulating, duplicated, partial and changing facts per "
                         "person (synth_roam.py, docs/benchmarks/roam_setting.md)")
     s.add_argument("--changes", type=int, default=3, choices=range(1, 6), metavar="N",
-                   help="--setting roam: dated changes per attribute, 1-5 (default 3)")
+                   help="dated changes per attribute with --setting roam, 1-5 (default 3)")
     s.set_defaults(func=run_synth)
 
     p = kinds.add_parser("prepare", help="turn a real benchmark file into tasks")
