@@ -53,11 +53,12 @@ def _exit_on_sigterm(signum, frame):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli_refusal import HeldNotices, OutputFolders
+    from .cli_refusal import HeldNotices, OutputFolders, StdoutKeptForOutput
 
     # trl.experimental warns on import that its APIs may change; the project pins TRL and imports
     # TreeRow from there on purpose, so the notice is for TRL's developers, not for a user's terminal
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    StdoutKeptForOutput.install()  # a --json command's stdout is its JSON, nothing a library printed on import
     args = build_parser().parse_args(argv)
     # SIGTERM (kill, scancel, a CI timeout) unwinds like Ctrl-C instead of killing the interpreter on
     # the spot: `finally` blocks drop their Chroma collections and vLLM's finalizers stop its engine

@@ -7,6 +7,9 @@
 * ``HeldNotices``: stderr lines that report a setting rather than a problem (``auto_bf16: ...``, printed
   while a recipe is parsed, before the inputs are checked) are held until the command writes anything
   else to stderr, and dropped when it is refused, so a refusal reads as its one line.
+* ``StdoutKeptForOutput``: a library's import-time notice printed to stdout (transformers prints
+  ``[INFO] Running in WANDB offline mode`` under ``WANDB_MODE=offline``) goes to stderr instead, so a
+  command's ``--json`` output stays one JSON document.
 
     folders, notices = OutputFolders.of(args), HeldNotices.install()
     ...                              # the command
@@ -16,6 +19,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.abc
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -117,3 +123,35 @@ class HeldNotices:
 
     def __getattr__(self, name):  # fileno, isatty, encoding, ... of the real stream
         return getattr(self.stream, name)
+
+
+class StdoutKeptForOutput(importlib.abc.MetaPathFinder):
+    """Runs the imports in ``MODULES`` with stdout sent to stderr: each prints a notice to stdout when it is
+    imported. A finder rather than an eager import: the module costs seconds to import and most commands
+    never need it."""
+
+    MODULES = ("transformers.integrations.integration_utils",)
+
+    @classmethod
+    def install(cls) -> None:
+        if not any(isinstance(f, cls) for f in sys.meta_path):
+            sys.meta_path.insert(0, cls())
+
+    def find_spec(self, name, path, target=None):
+        if name not in self.MODULES or name in sys.modules:
+            return None
+        sys.meta_path.remove(self)  # find the real spec with the ordinary finders (and never recurse)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            with contextlib.redirect_stdout(sys.stderr):
+                run(module)
+
+        spec.loader.exec_module = exec_module  # this file's own loader instance, made for this spec
+        return spec

@@ -67,14 +67,20 @@ def _bad_tasks(tmp_path):
     return bad
 
 
+def _model(path):
+    """A tiny random-weight model where the stage expects its policy: the refusal must come from the tasks,
+    whether or not this checkout has converted the real base model yet (CI's fresh clone has not)."""
+    from atommem_rl.models import tiny_model
+
+    return tiny_model(path)
+
+
 def test_sft_refusing_its_tasks_leaves_no_run_folder(tmp_path):
     """`atommem sft` with a bad task file made checkpoints/<run_name>/sft before reading the tasks and left it,
     empty, behind; the auto_bf16 notice and TRL's experimental-import warning came before the error line.
-    Run from a folder of its own (recipes and the base model linked) with the recipe's default run folder."""
+    Run from a folder of its own (recipes linked, a tiny model at the base model's path) with the recipe's default run folder."""
     (tmp_path / "recipes").symlink_to(REPO / "recipes")
-    (tmp_path / "checkpoints").mkdir()
-    if (REPO / "checkpoints" / "base").exists():
-        (tmp_path / "checkpoints" / "base").symlink_to(REPO / "checkpoints" / "base")
+    _model(tmp_path / "checkpoints" / "base" / "smollm2-135m-instruct")  # the recipe's default policy path
     res = atommem("sft", "--config", "recipes/quickstart_learning/sft.yaml", "--tasks", _bad_tasks(tmp_path),
                   "--run_name", "refused", cwd=tmp_path)
     assert "bad.jsonl" in one_line_error(res, "sft")
@@ -87,7 +93,7 @@ def test_sft_refusing_its_tasks_leaves_no_run_folder(tmp_path):
 def test_rl_stages_refusing_their_tasks_leave_no_folder(tmp_path, stage, recipe):
     out = tmp_path / "runs" / "r" / stage
     res = atommem(stage, "--config", recipe, "--tasks", _bad_tasks(tmp_path), "--output_dir", out,
-                  "--model_name_or_path", REPO / "checkpoints" / "base" / "smollm2-135m-instruct")
+                  "--model_name_or_path", _model(tmp_path / "model"))
     assert not (tmp_path / "runs").exists()
     if stage == "grpo":
         assert "bad.jsonl" in one_line_error(res, stage)
@@ -174,3 +180,17 @@ def test_stage_help_examples_render_as_written():
         assert res.returncode == 0, res.stderr[-2000:]
         bad = [ln for ln in res.stdout.splitlines() if COLLAPSED.search(ln)]
         assert not bad, (stage, bad)
+
+
+def test_an_import_time_notice_does_not_reach_stdout():
+    """transformers prints "[INFO] Running in WANDB offline mode" to stdout when its integrations are imported
+    under WANDB_MODE=offline, which broke `atommem bench memory-plan --json` (JSONDecodeError in CI): the CLI
+    sends that import's output to stderr, and stdout holds only what the command prints."""
+    code = ("from atommem_rl.cli_refusal import StdoutKeptForOutput\n"
+            "StdoutKeptForOutput.install()\n"
+            "import transformers.integrations.integration_utils\n"
+            "print('{\"ok\": true}')\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**ENV, "WANDB_MODE": "offline"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout == '{"ok": true}\n' and "WANDB offline mode" in res.stderr

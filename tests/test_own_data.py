@@ -42,7 +42,8 @@ def test_only_what_needs_evidence_refuses_it(tmp_path):
     path = tmp_path / "own.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in page_tasks()))
     out = run_cli(["rollout", "--tasks", str(path), "--policy", "oracle", "--out", str(tmp_path / "o.jsonl")])
-    assert out.rc == 2 and "--policy oracle needs gold evidence" in out.stderr and "notes-1" in out.stderr
+    assert out.rc == 2 and f"--policy oracle (tasks from {path}) needs gold evidence" in out.stderr
+    assert "notes-1" in out.stderr
     assert len(out.stderr.splitlines()) == 1 and not (tmp_path / "o.jsonl").exists()
     out = run_cli(["eval", "--tasks", str(path), "--methods", "oracle,heuristic", "--out", str(tmp_path / "e")])
     assert out.rc == 2 and "the oracle method" in out.stderr

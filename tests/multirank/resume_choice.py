@@ -24,6 +24,10 @@ def main(out: str, *choices: str) -> None:
         result = {"error": f"{type(exc).__name__}: {exc}"}
     with open(out, "a") as f:
         f.write(json.dumps({"rank": state.process_index, **result}) + "\n")
+    # a rank leaving while the other still holds the gloo group aborts it at exit ("terminate called
+    # without an active exception"): meet, then close the group on every rank
+    state.wait_for_everyone()
+    state.destroy_process_group()
 
 
 if __name__ == "__main__":
