@@ -70,6 +70,41 @@ def test_larger_budget_costs_more_and_cluster_shape():
     assert gib_size("80GiB") == 80 * 2 ** 30 and gib_size("141G") == 141 * 2 ** 30
 
 
+def test_no_sync_accumulation_holds_unsharded_gradients():
+    """Under the Trainer's default accumulation the micro-steps before a window's last run under FSDP2's no_sync,
+    which keeps unsharded gradients in the compute dtype (bf16) until the last backward: the traced gradients
+    grow by about 2 bytes per parameter over the sharded fp32 ones (they were left out of the plan before)."""
+    from transformers import AutoModelForCausalLM
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    world = 4
+    synced = trace_step(_tiny(2), "packed", world=world, tokens=512, completion=64)
+    held = trace_step(_tiny(2), "packed", world=world, tokens=512, completion=64, accumulation="no_sync")
+    with FakeTensorMode():
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(_tiny(2)).parameters())
+    extra = held["components"]["gradients"] - synced["components"]["gradients"]
+    assert extra == pytest.approx(2 * n, rel=0.05)
+    assert held["peak"] > synced["peak"] and held["resident"] == synced["resident"]
+    with pytest.raises(ValueError, match="accumulation"):
+        trace_step(_tiny(1), "packed", world=2, tokens=256, completion=64, accumulation="never")
+
+
+def test_the_plan_traces_the_accumulation_a_recipe_sets(tmp_path):
+    from atommem_rl.bench.memory_plan import _accumulation
+
+    assert _accumulation({"gradient_accumulation_steps": 32}, "recipe") == "no_sync"
+    assert _accumulation({"gradient_accumulation_steps": 1}, "recipe") == "sync"
+    each = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
+    assert _accumulation({"gradient_accumulation_steps": 32, "accelerator_config": each}, "recipe") == "sync"
+    assert _accumulation({"gradient_accumulation_steps": 32, "accelerator_config": json.dumps(each)}, "recipe") == "sync"
+    assert _accumulation({"gradient_accumulation_steps": 32, "accelerator_config": each}, "no_sync") == "no_sync"
+    # the Qwen3-8B PPO recipe reduces every backward (its no_sync peak is past the margin); GRPO keeps no_sync
+    from atommem_rl.training.recipes import read_yaml
+
+    assert _accumulation(read_yaml(REPO / "recipes/qwen3_8b/ppo.yaml"), "recipe") == "sync"
+    assert _accumulation(read_yaml(REPO / "recipes/qwen3_8b/grpo.yaml"), "recipe") == "no_sync"
+
+
 @pytest.mark.slow  # 77 s with the machine shared (two process starts: the measuring one is spawned fresh)
 def test_tracker_agrees_with_rss_on_a_real_small_model(tmp_path):
     # a random-weight Qwen3 whose tensors (fp32 weights, gradients, AdamW moments: ~400 MB) dominate the process
@@ -107,6 +142,9 @@ def test_qwen3_8b_grpo_plan_fits_80gib():
     # fp32 master weights, gradients and AdamW moments of ~8.2B parameters over 6 ranks: at least 16 x 8.2e9 / 6
     assert out["packed"]["resident_gib"] > 16 * 8.1e9 / 6 / 2 ** 30
     assert "padded" in out and out["padded"]["peak_gib"] > 0
+    # the recipe accumulates 32 micro-steps under no_sync: unsharded bf16 gradients (2 x 8.2e9 bytes) on top
+    assert out["accumulation"] == "no_sync"
+    assert comp["gradients"] > (2 * 8.1e9 + 4 * 8.1e9 / 6) / 2 ** 30
 
 
 @pytest.mark.slow

@@ -13,7 +13,9 @@ Qwen3-8B's configuration) is built on fake CPU tensors, sharded as accelerate's 
 group of that many ranks, and two micro-steps (forward, backward with the recipe's gradient checkpointing,
 AdamW step; the gradients kept between them as gradient accumulation keeps them) run through the
 project's packed forward or TRL's padded one under torch's ``FSDPMemTracker``; micro-step 2's peak is
-reported. Tracing all 36 layers would take minutes per point, so ``--layers`` (1, 2, 4) are traced and
+reported. Where the recipe accumulates gradients without accelerate's ``sync_each_batch`` (``accumulation:
+no_sync``), a third micro-step runs under FSDP2's ``no_sync`` first, so the peak includes the unsharded
+gradients it holds (about 15.3 GiB for Qwen3-8B in bf16). Tracing all 36 layers would take minutes per point, so ``--layers`` (1, 2, 4) are traced and
 each component is fitted linearly in the layer count; the fit's largest relative error at the traced
 points (``linearity_error``) is printed, and the 36-layer figure is the fit's. The largest budget is
 searched by tracing 2x and 4x the budget with the first two ``--layers`` (peak is piecewise-linear in
@@ -97,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="caching-allocator rounding and fragmentation, fraction of the traced peak (default 0.10)")
     parser.add_argument("--context-gib", type=nonneg_float, default=1.5,
                         help="CUDA context + NCCL buffers, GiB (default 1.5)")
+    parser.add_argument("--accumulation", choices=("recipe", "sync", "no_sync"), default="recipe",
+                        help="gradient accumulation traced: no_sync holds unsharded gradients until a window's last "
+                             "micro-step (the Trainer's default), sync reduces every backward (accelerate's "
+                             "sync_each_batch); default: what the recipe sets")
     parser.add_argument("--no-search", action="store_true", help="skip the largest-budget search")
     parser.add_argument("--no-padded", action="store_true", help="skip the padded-row path")
     parser.add_argument("--validate", metavar="MODEL_DIR", default=None,
@@ -142,13 +148,13 @@ def cuda_terms(traced_peak: int, tokens: int, config, args) -> dict[str, int]:
             "attention_workspace": 3 * tokens * config.num_attention_heads * config.head_dim * 4}
 
 
-def plan_side(kind: str, config, world: int, layers: list[int], args, **batch) -> dict:
+def plan_side(kind: str, config, world: int, layers: list[int], args, accumulation: str = "sync", **batch) -> dict:
     """Trace ``kind`` at ``layers``, fit to the full depth, add the CUDA terms: one side of the plan."""
     from .memory_trace import qwen3_config, trace_step
 
     traces = {}
     for n in layers:
-        traces[n] = trace_step(qwen3_config(n), kind, world=world, **batch)
+        traces[n] = trace_step(qwen3_config(n), kind, world=world, accumulation=accumulation, **batch)
     components, linearity = fit_layers(traces, config.num_hidden_layers)
     resident, _ = fit_layers(traces, config.num_hidden_layers, key="resident")
     tokens = traces[layers[0]]["forwarded_tokens"]
@@ -161,12 +167,13 @@ def plan_side(kind: str, config, world: int, layers: list[int], args, **batch) -
             "_peak": components["total"] + sum(cuda.values()), "_resident": resident["total"]}
 
 
-def largest_budget(config, world: int, budget: int, capacity: int, args, extra: int = 0) -> dict:
+def largest_budget(config, world: int, budget: int, capacity: int, args, extra: int = 0,
+                   accumulation: str = "sync") -> dict:
     """Largest packed token budget whose peak (+ ``extra``: a PPO critic's resident state) fits ``capacity``:
     peaks traced at 1x, 2x, 4x the budget (first two ``--layers``), piecewise-linear between them."""
     points = []
     for mult in (1, 2, 4):
-        side = plan_side("packed", config, world, args.layers[:2], args, tokens=budget * mult)
+        side = plan_side("packed", config, world, args.layers[:2], args, accumulation, tokens=budget * mult)
         points.append((side["tokens"], side["_peak"] + extra))
     fitting = [t for t, p in points if p <= capacity]
     for (t0, p0), (t1, p1) in zip(points, points[1:], strict=False):
@@ -182,6 +189,19 @@ def largest_budget(config, world: int, budget: int, capacity: int, args, extra: 
             "traced": [{"tokens": t, "peak_gib": round(p / GIB, 2)} for t, p in points]}
 
 
+def _accumulation(data: dict, asked: str) -> str:
+    """``no_sync`` when the recipe accumulates gradients over micro-steps without accelerate's
+    ``sync_each_batch`` (the Trainer then runs all but a window's last micro-step under ``no_sync``), else
+    ``sync``; ``asked`` (``--accumulation``) wins unless it is ``recipe``."""
+    if asked != "recipe":
+        return asked
+    acc = data.get("accelerator_config") or {}
+    if isinstance(acc, str):
+        acc = json.loads(acc)
+    each_batch = bool((acc.get("gradient_accumulation_kwargs") or {}).get("sync_each_batch", False))
+    return "no_sync" if int(data.get("gradient_accumulation_steps", 1)) > 1 and not each_batch else "sync"
+
+
 def _recipe(args) -> dict:
     from atommem_rl.training.launch import _field_default, stage
     from atommem_rl.training.recipes import read_yaml
@@ -191,7 +211,8 @@ def _recipe(args) -> dict:
     out = {"stage": stage_name, "budget": int(data.get("max_tokens_per_microbatch") or args.tokens),
            "budget_from": "recipe" if data.get("max_tokens_per_microbatch") else "--tokens",
            "gradient_checkpointing": bool(data.get("gradient_checkpointing", False)),
-           "bf16": bool(data.get("bf16", False)), "completion": int(data.get("max_completion_length", 2048))}
+           "bf16": bool(data.get("bf16", False)), "completion": int(data.get("max_completion_length", 2048)),
+           "accumulation": _accumulation(data, args.accumulation)}
     if stage_name == "ppo":
         from atommem_rl.training.ppo import PPORecipeConfig
 
@@ -211,7 +232,9 @@ def run_plan(args) -> dict:
     config = qwen3_config()
     capacity = int(args.gpu_memory * (1 - args.margin))
     budget = recipe["budget"]
-    packed = plan_side("packed", config, world, args.layers, args, tokens=budget, completion=recipe["completion"])
+    accumulation = recipe["accumulation"]
+    packed = plan_side("packed", config, world, args.layers, args, accumulation, tokens=budget,
+                       completion=recipe["completion"])
     out = {"recipe": args.recipe, **recipe, "model": "Qwen3-8B (transformers Qwen3Config, 36 layers)",
            "trainer_gpus": world, "vllm_gpus": 2 if args.nodes <= 1 else args.gpus_per_node,
            "gpu_memory_gib": round(args.gpu_memory / GIB, 1), "margin": args.margin,
@@ -231,10 +254,11 @@ def run_plan(args) -> dict:
         out["peak_gib"] = packed["peak_gib"]
     out["fits"] = out["peak_gib"] * GIB <= capacity
     if not args.no_search:
-        out["largest_budget"] = largest_budget(config, world, budget, capacity, args, extra=critic_resident)
+        out["largest_budget"] = largest_budget(config, world, budget, capacity, args, extra=critic_resident,
+                                               accumulation=accumulation)
     if not args.no_padded:
-        padded = plan_side("padded", config, world, args.layers, args, rows=args.rows, width=args.row_tokens,
-                           completion=recipe["completion"])
+        padded = plan_side("padded", config, world, args.layers, args, accumulation, rows=args.rows,
+                           width=args.row_tokens, completion=recipe["completion"])
         padded["peak_total_gib"] = round((padded["_peak"] + critic_resident) / GIB, 3)
         padded["fits"] = padded["_peak"] + critic_resident <= capacity
         out["padded"] = padded

@@ -196,15 +196,27 @@ def _components(snapshot: dict) -> dict[str, int]:
 RESIDENT = ("parameters", "gradients", "optimizer_state")
 
 
-def trace_step(config, kind: str, *, world: int, bf16: bool = True, checkpointing: bool = True, **batch) -> dict:
-    """Peak of micro-step 2 of ``kind`` on one of ``world`` ranks (bytes): ``components`` at the peak (they add
-    up to ``peak``), ``resident`` (what stays between steps: sharded parameters, gradients, optimizer state),
-    ``forwarded_tokens``."""
+ACCUMULATION = ("sync", "no_sync")
+
+
+def trace_step(config, kind: str, *, world: int, bf16: bool = True, checkpointing: bool = True,
+               accumulation: str = "sync", **batch) -> dict:
+    """Peak of a steady-state micro-step of ``kind`` on one of ``world`` ranks (bytes): ``components`` at the
+    peak (they add up to ``peak``), ``resident`` (what stays between steps: sharded parameters, gradients,
+    optimizer state), ``forwarded_tokens``.
+
+    ``accumulation``: ``sync``, every backward reduce-scatters (accelerate's ``sync_each_batch``, or no
+    accumulation); ``no_sync``, as the Trainer accumulates by default: the micro-steps before a window's last
+    run under ``no_sync`` (FSDP2's ``set_requires_gradient_sync(False)``), which holds unsharded gradients in
+    the compute dtype until the last backward. Micro-step 1 sets up the optimizer state; the peak reported is
+    that of micro-step 2 (``sync``) or of micro-steps 2 and 3, the first under ``no_sync`` (``no_sync``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if accumulation not in ACCUMULATION:
+        raise ValueError(f"accumulation must be one of {ACCUMULATION}, got {accumulation!r}")
     inputs = step_inputs(kind, **batch)
     mesh = fake_mesh(world)
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -214,9 +226,14 @@ def trace_step(config, kind: str, *, world: int, bf16: bool = True, checkpointin
         tracker = FSDPMemTracker(model, opt)
         with tracker, RealLayout():
             initial = _components(tracker.get_tracker_snapshot("current"))["total"]
-            for micro_step in range(2):
+            held = accumulation == "no_sync"
+            for micro_step in range(3 if held else 2):
+                model.set_requires_gradient_sync(not (held and micro_step == 1))
                 _loss(model, kind, inputs).backward()
-                opt.step()  # the gradients stay: the next micro-step accumulates onto them
+                if not (held and micro_step == 1):  # no optimizer step inside an accumulation window
+                    opt.step()  # the gradients stay: the next micro-step accumulates onto them
+                if micro_step == 1 and held:
+                    tracker.reset_mod_stats()  # one iteration per module at a time; the peak carries on
                 if micro_step == 0:
                     first = _components(tracker.get_tracker_snapshot("peak"))["total"]
                     # what stays between steps is the state alone: a step's last activation can still be
@@ -226,7 +243,7 @@ def trace_step(config, kind: str, *, world: int, bf16: bool = True, checkpointin
                     resident = {k: resident[k] for k in RESIDENT}
                     resident["total"] = sum(resident.values())
                     tracker.reset_mod_stats()  # the tracker follows one iteration per module at a time
-                    # and has no public reset of its peak; micro-step 2 is the steady state reported
+                    # and has no public reset of its peak; what follows is the steady state reported
                     tracker._peak_mem_snap, tracker._peak_mem = {}, {}
         peak = _components(tracker.get_tracker_snapshot("peak"))
     forwarded = inputs["forwarded_tokens"] if kind == "packed" else int(inputs["input_ids"].numel())
