@@ -62,15 +62,17 @@ def full_grads(model) -> torch.Tensor:
                       for p in model.parameters() if p.requires_grad]).detach().clone()
 
 
-def update(trainer, model, micro_steps) -> float:
-    """One optimizer step's backwards, as the Trainer's loop runs them (sync only on the last micro-step)."""
+def update(trainer, model, micro_steps, each_batch: bool = False) -> float:
+    """One optimizer step's backwards, as the Trainer's loop runs them (sync only on the last micro-step; with
+    accelerate's ``sync_each_batch`` no micro-step runs under ``no_sync``)."""
     acc = trainer.accelerator
+    acc.gradient_state.plugin_kwargs["sync_each_batch"] = each_batch
     model.zero_grad(set_to_none=True)
     total = 0.0
     for i, inputs in enumerate(micro_steps):
         last = i == len(micro_steps) - 1
         acc.gradient_state._set_sync_gradients(last)
-        with contextlib.nullcontext() if last else acc.no_sync(model):
+        with contextlib.nullcontext() if last or each_batch else acc.no_sync(model):
             loss = trainer.compute_loss(model, inputs)
             acc.backward(loss)
         total += loss.item()
@@ -129,6 +131,9 @@ def main(tiny: str, out: str, folder: str, mode: str) -> None:
     with phase("packed", res):
         pk_loss = update(trainer, model, steps)
     g_pk = full_grads(model)
+    with phase("each_batch", res):  # sync_each_batch: every packed backward reduces, the same gradients
+        update(trainer, model, steps, each_batch=True)
+    g_each = full_grads(model)
 
     # FSDP2's parameter groups (a group may span modules: accelerate's tail group holds norm, embedding, head)
     groups = {id(m._get_fsdp_state()._fsdp_param_group) for m in model.modules() if hasattr(m, "_get_fsdp_state")
@@ -137,7 +142,8 @@ def main(tiny: str, out: str, folder: str, mode: str) -> None:
                per_step=[len(s["packed_microbatches"]) for s in steps], fsdp_groups=len(groups),
                row_loss=row_loss, packed_loss=pk_loss, grad_max=g_row.abs().max().item(),
                cosine=torch.nn.functional.cosine_similarity(g_row, g_pk, dim=0).item(),
-               max_diff=(g_row - g_pk).abs().max().item(), grad_sum=g_pk.double().sum().item())
+               max_diff=(g_row - g_pk).abs().max().item(), grad_sum=g_pk.double().sum().item(),
+               each_batch_diff=(g_each - g_pk).abs().max().item())
     res["seconds"].update(rollouts=round(t_gen, 1), total=round(time.perf_counter() - t0, 1))
     if rank == 0:
         torch.save({"rows": g_row, "packed": g_pk}, Path(out) / f"{mode}_grads.pt")

@@ -53,10 +53,15 @@ def test_fsdp2_packed_update_equals_rows_and_ddp_with_equal_collectives(tiny, tm
     assert fsdp[0]["packed"]["forwards"] == sum(fsdp[0]["per_step"])
     for name in ("rows", "packed"):  # gradients reduced once per optimizer step: one reduce-scatter per group
         assert fsdp[0][name]["reduce_scatters"] == fsdp[0]["fsdp_groups"] > 0, name
+    # accelerate's sync_each_batch (the Qwen3-8B PPO recipe): every packed backward reduces, no unsharded
+    # gradients held between them, the same number of times on both ranks and the same gradients
+    assert fsdp[0]["each_batch"] == fsdp[1]["each_batch"]
+    assert fsdp[0]["each_batch"]["reduce_scatters"] == sum(fsdp[0]["per_step"]) * fsdp[0]["fsdp_groups"]
     for r in fsdp:
         assert r["old_logp_diff"] <= 1e-4 and r["ref_logp_diff"] <= 1e-4
         assert r["grad_max"] > 0 and r["cosine"] >= 0.9999 and r["max_diff"] <= 1e-4 * max(r["grad_max"], 1.0)
         assert r["packed_loss"] == pytest.approx(r["row_loss"], rel=1e-5, abs=1e-6)
+        assert r["each_batch_diff"] <= 1e-5 * max(r["grad_max"], 1.0)
     assert fsdp[0]["grad_sum"] == pytest.approx(fsdp[1]["grad_sum"], rel=1e-6)  # reduced: the same on both
 
     # FSDP2 against DDP: the same rollouts (and reference log-probabilities), the same update

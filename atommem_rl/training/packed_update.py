@@ -163,7 +163,10 @@ class PackedUpdate:
         ``set_requires_gradient_sync(False)``: the gradients accumulate unsharded and are reduce-scattered once
         per optimizer step, in the last backward (tests/test_fsdp2_packing.py counts one reduce-scatter per
         parameter group); parameters reshard after every backward (FSDP2's default), so each packed forward
-        gathers them again, the same number of times on every rank (the counts are padded)."""
+        gathers them again, the same number of times on every rank (the counts are padded). With accelerate's
+        ``sync_each_batch`` (``accelerator_config: {gradient_accumulation_kwargs: {sync_each_batch: true}}``)
+        every backward reduce-scatters instead: more communication, no unsharded gradients held between
+        backwards (``atommem bench memory-plan`` traces both)."""
         total = None
         parts = inputs["packed_microbatches"]
         for k, part in enumerate(parts):
@@ -174,7 +177,11 @@ class PackedUpdate:
                 self._packed = None
             if k == len(parts) - 1:
                 return loss if total is None else loss + total
-            sync_off = self.accelerator.no_sync(model) if self.accelerator.sync_gradients else contextlib.nullcontext()
+            # with accelerate's sync_each_batch every backward reduces (the Trainer runs no micro-step under
+            # no_sync then): the packed parts do the same, so no unsharded gradients are held at any point
+            each_batch = self.accelerator.gradient_state.plugin_kwargs.get("sync_each_batch", False)
+            hold = self.accelerator.sync_gradients and not each_batch
+            sync_off = self.accelerator.no_sync(model) if hold else contextlib.nullcontext()
             with sync_off:
                 self.accelerator.backward(loss)
             total = loss.detach() if total is None else total + loss.detach()
