@@ -7,12 +7,13 @@
 # Jobs (each `sbatch --wait ... slurm/grpo.sbatch` with ATOMMEM_CPU=1, under a timeout; a timeout is a hang):
 #   ddp    GRPO, 2 ranks, recipes/accelerate/cpu_2proc.yaml (DDP over gloo)
 #   single GRPO, 1 process, the same global batch (the reference)
+#   fsdp2  GRPO, 2 ranks under FSDP2 (recipes/accelerate/fsdp2_cpu.yaml with the rehearsal switch
+#          ATOMMEM_REHEARSE_FSDP_ON_CPU=1, atommem_rl/training/fsdp_cpu.py), the packed update in several
+#          micro-batches per step: the same episodes and update as `single`
 #   ppo    PPO, 2 ranks, DDP, gradient_accumulation_steps 2, critic_epochs 1, 2 steps, a checkpoint per step;
 #          then (no Slurm, HF generation) the run resumed from its checkpoint-1 to step 3 on 2 ranks
-# No sharded mode runs on CPU: accelerate 1.15 selects FSDP only on top of a multi-accelerator distributed
-# type (MULTI_GPU/XPU/NPU/..., accelerate/state.py); with --use_cpu a gloo process is MULTI_CPU (DDP) whatever
-# the config says, and without it a process with no CUDA is not distributed at all (DistributedType.NO; both
-# checked), and DeepSpeed is not installed on CPU. Instead every rank counts its forwards and backwards
+# accelerate 1.15 selects FSDP only on top of a multi-accelerator distributed type, so the fsdp2 job sets it
+# through the rehearsal switch; DeepSpeed is not installed on CPU. Every rank counts its forwards and backwards
 # through the policy's and the critic's embeddings (ATOMMEM_COUNT_PASSES: each full pass all-gathers
 # parameters under ZeRO-3/FSDP), and the counts must be equal on every rank (`passes_equal_per_rank`).
 # Returns are scripted (tests/multirank/scripted_returns.py: a function of each episode's own completion
@@ -114,6 +115,9 @@ job() {  # name nprocs accelerate-config recipe [overrides...]: one sbatch job, 
 GRPO=recipes/quickstart/grpo.yaml
 job ddp 2 recipes/accelerate/cpu_2proc.yaml "$GRPO" --per_device_train_batch_size 2 --max_steps 1 --save_steps 1
 job single 1 recipes/accelerate/cpu_2proc.yaml "$GRPO" --per_device_train_batch_size 4 --max_steps 1 --save_steps 1
+# a budget below the longest sample: several packed micro-batches per micro-step, each a gather under FSDP2
+ATOMMEM_REHEARSE_FSDP_ON_CPU=1 job fsdp2 2 recipes/accelerate/fsdp2_cpu.yaml "$GRPO" --per_device_train_batch_size 2 \
+  --max_steps 1 --save_steps 1 --max_tokens_per_microbatch 1500
 PPO_ARGS=(--per_device_train_batch_size 2 --gradient_accumulation_steps 2 --critic_epochs 1 --save_steps 1)
 job ppo 2 recipes/accelerate/cpu_2proc.yaml recipes/quickstart/ppo.yaml "${PPO_ARGS[@]}" --max_steps 2
 # the 2-rank checkpoint-1 reloads and resumes (no server: HF generation)
@@ -158,7 +162,17 @@ def episodes(name):
     return sorted((e["digest"], e["return"]) for l in lines(name) for e in l["episodes"])
 
 def weights(path):
-    return load_file(path) if path.exists() else None
+    """A saved model's tensors. FSDP2's full state dict writes a tied LM head as its own key (a copy of the
+    embedding: one process saves it once); the copy must equal the embedding, and then it is dropped."""
+    if not path.exists():
+        return None
+    w = load_file(path)
+    head, emb = w.get("lm_head.weight"), w.get("model.embed_tokens.weight")
+    if head is not None and json.loads((path.parent / "config.json").read_text()).get("tie_word_embeddings"):
+        if emb is None or not torch.equal(head, emb):
+            return None
+        del w["lm_head.weight"]
+    return w
 
 w0 = weights(d / "qwen3" / "model.safetensors")
 def moved(w):
@@ -187,27 +201,35 @@ def close(a, b):
         full += int(both.sum()); off += int((diff > 1e-6).sum())
     return full > 0 and off <= 1e-3 * full and abs(n_a - n_b) <= 1e-3 * max(n_a, n_b)
 
-mismatched = sum(l.get("mismatched", 0) for n in ("ddp", "single", "ppo") for l in lines(n))
-for n in ("ddp", "single", "ppo", "resume"):  # a CompletionMismatch raised in a job counts too
+mismatched = sum(l.get("mismatched", 0) for n in ("ddp", "single", "fsdp2", "ppo") for l in lines(n))
+for n in ("ddp", "single", "fsdp2", "ppo", "resume"):  # a CompletionMismatch raised in a job counts too
     for f in list(d.glob(f"slurm-{n}-*.out")) + [d / f"{n}.out"]:
         if f.exists() and "CompletionMismatch" in f.read_text(errors="replace"):
             mismatched += 1
 steps_per_rank = {}
 for l in lines("ddp"):
     steps_per_rank[l["rank"]] = steps_per_rank.get(l["rank"], 0) + sum(e["steps"] for e in l["episodes"])
-rounds = {n: {l["rank"]: l["rounds"] for l in lines(n) if "rounds" in l} for n in ("ddp", "ppo")}
-passes = {n: {l["rank"]: l["passes"] for l in lines(n) if "passes" in l} for n in ("ddp", "ppo")}
+rounds = {n: {l["rank"]: l["rounds"] for l in lines(n) if "rounds" in l} for n in ("ddp", "fsdp2", "ppo")}
+passes = {n: {l["rank"]: l["passes"] for l in lines(n) if "passes" in l} for n in ("ddp", "fsdp2", "ppo")}
 passes_equal = all(len(p) == 2 and p[0] == p[1] and p[0].get("policy", {}).get("backward", 0) > 0 for p in passes.values())
 rounds_equal = all(len(r) == 2 and len(set(r.values())) == 1 for r in rounds.values())
-wd, ws = (weights(d / n / "run" / "model.safetensors") for n in ("ddp", "single"))
+wd, ws, wf = (weights(d / n / "run" / "model.safetensors") for n in ("ddp", "single", "fsdp2"))
 same_eps = bool(episodes("ddp")) and episodes("ddp") == episodes("single")
+fsdp_same_eps = bool(episodes("fsdp2")) and episodes("fsdp2") == episodes("single")
 
 def history(run):
     st = sorted(run.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
     return [h for h in json.loads(st[-1].read_text())["log_history"] if "loss" in h] if st else []
 
-grad_norms = [next((h.get("grad_norm") for h in history(d / n / "run")), None) for n in ("ddp", "single")]
-grad_norms_agree = None not in grad_norms and abs(grad_norms[0] - grad_norms[1]) <= 1e-3 * abs(grad_norms[1])
+grad_norms = [next((h.get("grad_norm") for h in history(d / n / "run")), None) for n in ("ddp", "single", "fsdp2")]
+def norms_agree(a, b):
+    return None not in (a, b) and abs(a - b) <= 1e-3 * abs(b)
+grad_norms_agree = norms_agree(grad_norms[0], grad_norms[1])
+fsdp_packed = [h.get("packing/microbatches") for h in history(d / "fsdp2" / "run")]
+fsdp2 = {"ranks": 2, "exit": jobs.get("fsdp2", {}).get("exit"), "same_episodes_as_single": fsdp_same_eps,
+         "matches_single_process": fsdp_same_eps and close(wf, ws) and norms_agree(grad_norms[2], grad_norms[1]),
+         "packed_microbatches_logged": fsdp_packed,
+         "switch": "ATOMMEM_REHEARSE_FSDP_ON_CPU=1 (accelerate enables FSDP only over accelerators)"}
 c0 = weights(d / "ppo" / "run" / "checkpoint-1" / "critic" / "model.safetensors")
 c_end = weights(d / "ppo" / "run" / "critic" / "model.safetensors")
 ppo_hist, res_hist = history(d / "ppo" / "run"), history(d / "resume" / "run")
@@ -218,14 +240,13 @@ resume_summary = d / "resume" / "run" / "ppo_summary.json"
 if resumed and resume_summary.exists():
     s = json.loads(resume_summary.read_text())
     resumed = s.get("global_step") == 3 and str(s.get("resume_checkpoint", "")).endswith("checkpoint-1")
-syncs = max([0] + [l.get("weight_syncs_skipped", 0) for n in ("ddp", "single", "ppo") for l in lines(n) if l["rank"] == 0])
+syncs = max([0] + [l.get("weight_syncs_skipped", 0) for n in ("ddp", "single", "fsdp2", "ppo") for l in lines(n)
+                    if l["rank"] == 0])
 report = {
     "ranks": 2,
-    "modes": [m for m in ("ddp",) if ok(m)],
-    "sharded_modes": "none on CPU: accelerate 1.15 selects FSDP only over a multi-accelerator type (with --use_cpu "
-                     "the FSDP config runs as MULTI_CPU DDP, without it as one undistributed process); deepspeed is "
-                     "not installed on CPU (gpu extra) and PPO refuses DeepSpeed; instead forward/backward counts per rank",
-    "episodes": sum(len(l["episodes"]) for n in ("ddp", "single", "ppo", "resume") for l in lines(n)),
+    "modes": [m for m in ("ddp", "fsdp2") if ok(m)],
+    "fsdp2": fsdp2,
+    "episodes": sum(len(l["episodes"]) for n in ("ddp", "single", "fsdp2", "ppo", "resume") for l in lines(n)),
     "mismatched_completions": mismatched,
     "hangs": hangs,
     "weights_moved": moved(wd) and moved(ws),
@@ -248,7 +269,7 @@ report = {
     "slurm_jobs": jobs,
     "seconds": seconds,
 }
-good = (report["modes"] == ["ddp"] and ok("single") and mismatched == 0 and hangs == 0 and report["weights_moved"]
+good = (report["modes"] == ["ddp", "fsdp2"] and ok("single") and fsdp2["matches_single_process"] and mismatched == 0 and hangs == 0 and report["weights_moved"]
         and report["matches_single_process"] and passes_equal and rounds_equal and len(set(steps_per_rank.values())) > 1
         and ok("ppo") and critic_moved and moved(wp) and resumed)
 report["ok"] = bool(good)
