@@ -124,3 +124,28 @@ def test_bench_update_times_the_scoring_pass(capsys):
     assert all(len(v["runs_s"]) == 2 for v in out["scoring"].values())
     assert out["score_rows_s"] > 0 and out["score_packed_s"] > 0 and out["score_speedup"] > 0
     assert set(out["variants"]) == {"baseline", "packed"}  # the update's figures are unchanged
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_bench_update_sharded_side(capsys):
+    """``--ranks 2``: rows against packed under FSDP2 on 2 gloo ranks holding different numbers of samples
+    (episodes dealt by rank): the same forwards on both ranks, the reduced gradients of the two paths equal."""
+    rc = atommem(["bench", "update", "--tiny", "--episodes", "3", "--docs", "1", "--max-new-tokens", "8",
+                  "--repeats", "1", "--ranks", "2", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["ranks"] == 2 and out["mode"] == "fsdp2"
+    assert out["samples_per_rank"][0] > out["samples_per_rank"][1] > 0  # episodes 0 and 2 against episode 1
+    for path in ("rows", "packed"):  # every forward gathers parameters: as many on each rank
+        assert len(set(out["forwards_per_rank"][path])) == 1, out["forwards_per_rank"]
+    assert out["forwards_per_rank"]["packed"][0] == out["microbatches_run"] == max(out["microbatches_per_rank"])
+    assert out["forwarded_tokens"] < out["raw_tokens"]  # prefixes shared within each rank's group
+    assert out["max_logprob_diff"] <= 1e-4 and 0.9999 <= out["grad_cosine"] <= 1 + 1e-9
+    assert out["rows_s"] > 0 and out["packed_s"] > 0 and out["speedup"] == round(out["rows_s"] / out["packed_s"], 2)
+
+
+def test_bench_update_sharded_side_refuses_what_it_does_not_run(capsys):
+    assert atommem(["bench", "update", "--tiny", "--ranks", "3", "--episodes", "2"]) == 2
+    assert "needs at least N --episodes" in capsys.readouterr().err
+    assert atommem(["bench", "update", "--tiny", "--ranks", "2", "--scoring"]) == 2

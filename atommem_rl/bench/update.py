@@ -40,6 +40,7 @@ and runs under ``variants``.
     atommem bench update --json                       # SmolLM2-135M, 8 episodes, 5 rounds
     atommem bench update --tiny --repeats 2 --json    # seconds: a random-weight tiny model
     atommem bench update --samples S.json --json      # roll out once into S.json; later runs only time
+    atommem bench update --ranks 2 --json             # the sharded side: FSDP2 on 2 ranks (update_sharded.py)
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scoring", action="store_true",
                         help="also time the no-gradient scoring pass (reference / old-policy log-probabilities): "
                              "padded rows against packed, alternating with the update variants")
+    parser.add_argument("--ranks", type=at_most(64), default=1,
+                        help="2 or more: the sharded side, rows against packed under FSDP2 on that many gloo CPU "
+                             "ranks (bench/update_sharded.py; default 1: one process)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
@@ -103,45 +107,88 @@ def _variants(spec: str | None, bf16: bool) -> list[str]:
 
 
 def main(args) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl.trainer.utils import add_fused_lm_head
-
-    from atommem_rl.models import check_checkpoint, tiny_model
     from atommem_rl.precision import cpu_bf16_supported
-    from atommem_rl.training.packing import step_group_ids
-    from atommem_rl.training.tree_attention import tree_attention_name
 
     if min(args.episodes, args.repeats, args.max_new_tokens, args.docs) < 1 or args.baseline_rows < 0:
         raise ValueError("--episodes, --repeats, --max-new-tokens and --docs must be at least 1")
     if args.max_tokens < 2:
         raise ValueError("--max-tokens must be at least 2")
+    if args.ranks > 1 and (args.ranks > args.episodes or args.variants or args.scoring):
+        raise ValueError("--ranks N times rows against packed (no --variants, no --scoring) and needs at least "
+                         "N --episodes (each rank gets whole episodes)")
     bf16 = cpu_bf16_supported()
-    variants = _variants(args.variants, bf16)
+    variants = _variants(args.variants, bf16) if args.ranks == 1 else []
     if "packed_bf16" in variants and not bf16:
         raise ValueError("--variants packed_bf16: this CPU has no native bf16")
     with tempfile.TemporaryDirectory() as tmp:
-        if args.tiny:
-            path = str(tiny_model(os.path.join(tmp, "tiny"), hidden_size=32, layers=2, heads=2, kv_heads=1,
-                                  intermediate_size=64, seed=args.seed))
-        else:
-            from atommem_rl.policies.model_policy import default_model_path
+        model, tok, path = _load(args, tmp)
+        if args.ranks > 1:  # the ranks load the model themselves: from ``path``, alive while ``tmp`` is
+            return _sharded(args, model, tok, path, tmp)
+    return _single(args, model, tok, path, variants, bf16)
 
-            path = os.path.abspath(args.model) if args.model else default_model_path()
-            check_checkpoint(path)
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+def _load(args, tmp: str):
+    """(model in fp32, tokenizer, its path): ``--tiny`` builds a random-weight one in ``tmp``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from atommem_rl.models import check_checkpoint, tiny_model
+
+    if args.tiny:
+        path = str(tiny_model(os.path.join(tmp, "tiny"), hidden_size=32, layers=2, heads=2, kv_heads=1,
+                              intermediate_size=64, seed=args.seed))
+    else:
+        from atommem_rl.policies.model_policy import default_model_path
+
+        path = os.path.abspath(args.model) if args.model else default_model_path()
+        check_checkpoint(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     model.eval()  # dropout off (none in these models), so both paths compute the same function
+    return model, tok, path
 
+
+def _samples(args, model, tok, path: str):
+    """(samples, episodes, advantage source, returns, rollout seconds): rolled out, or read from --samples."""
     roll = lambda: rollout_samples(model, tok, args)  # noqa: E731
     if args.samples:
-        samples, episodes, adv_source, returns, rollout_s = cached_samples(args.samples, "tiny" if args.tiny else path, args, roll)
+        return cached_samples(args.samples, "tiny" if args.tiny else path, args, roll)
+    t0 = time.perf_counter()
+    samples, episodes, adv_source, returns = roll()
+    return samples, episodes, adv_source, returns, time.perf_counter() - t0
+
+
+def _sharded(args, model, tok, path: str, tmp: str) -> int:
+    """The sharded side: samples here, then rows against packed on ``--ranks`` FSDP2 ranks."""
+    from .update_sharded import run_sharded
+
+    samples, episodes, adv_source, returns, rollout_s = _samples(args, model, tok, path)
+    del model  # the ranks hold their own copies
+    file = os.path.join(tmp, "samples.json")
+    with open(file, "w") as f:
+        json.dump({"samples": samples, "episodes": episodes}, f)
+    out = run_sharded(args, path, file)
+    out.update(model="tiny" if args.tiny else path, episodes=args.episodes, advantages=adv_source,
+               returns=returns, rollout_s=round(rollout_s, 1), load_average=os.getloadavg())
+    if args.json:
+        print(json.dumps(out))
     else:
-        t0 = time.perf_counter()
-        samples, episodes, adv_source, returns = roll()
-        rollout_s = time.perf_counter() - t0
+        print(f"{args.ranks} FSDP2 ranks, samples per rank {out['samples_per_rank']}: rows {out['rows_s']} s, "
+              f"packed {out['packed_s']} s: {out['speedup']}x; fp32 max log-prob diff {out['max_logprob_diff']:.2e}, "
+              f"gradient cosine {out['grad_cosine']:.6f}")
+    return 0
+
+
+def _single(args, model, tok, path: str, variants: list[str], bf16: bool) -> int:
+    import torch
+    from trl.trainer.utils import add_fused_lm_head
+
+    from atommem_rl.training.packing import step_group_ids
+    from atommem_rl.training.tree_attention import tree_attention_name
+
+    samples, episodes, adv_source, returns, rollout_s = _samples(args, model, tok, path)
     print(f"bench update: {len(samples)} step samples in {rollout_s:.0f} s, prompts up to "
           f"{max(len(s[0]) for s in samples)} tokens, {sum(len(s[0]) + len(s[1]) for s in samples)} raw tokens",
           file=sys.stderr, flush=True)

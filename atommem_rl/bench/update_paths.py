@@ -11,16 +11,29 @@ from __future__ import annotations
 
 import contextlib
 
-def baseline_update(model, samples, pad_id: int, rows: int = 0, autocast=None) -> tuple[list, float]:
+def baseline_update(model, samples, pad_id: int, rows: int = 0, autocast=None, forwards: int = 0,
+                    backward=None) -> tuple[list, float]:
     """Today's path: padded rows, TRL's fused head (``add_fused_lm_head`` already applied), dapo loss,
-    backward. Returns (per-sample completion log-probabilities, loss)."""
+    backward. Returns (per-sample completion log-probabilities, loss).
+
+    Sharded (``bench/update_sharded.py``): ``forwards`` pads the forwards to that many with empty rows (every
+    rank runs as many as the busiest; each gathers parameters), and ``backward(loss, last)`` runs each
+    backward (gradient sync on the last one only, as the Trainer's accumulation)."""
     import torch
 
     total = sum(len(s[1]) for s in samples if s[3] is not None)
-    rows = rows or len(samples)
+    rows = rows or max(len(samples), 1)
+    parts = [samples[i:i + rows] for i in range(0, len(samples), rows)]
+    parts += [[]] * (forwards - len(parts))
+    backward = backward or (lambda loss, last: loss.backward())
     logps, loss_sum = [], 0.0
-    for start in range(0, len(samples), rows):
-        part = samples[start:start + rows]
+    for n, part in enumerate(parts):
+        if not part:  # an empty forward: one padding row, nothing trained (loss 0 with a real graph)
+            with autocast or contextlib.nullcontext():
+                lp = model(input_ids=torch.tensor([[pad_id, pad_id]]), labels=torch.tensor([[-100, pad_id]]),
+                           fused_lm_head=True).log_probs
+            backward(lp.sum() * 0.0, n == len(parts) - 1)
+            continue
         input_ids, attention, labels, completion_mask = _row_batch(part, pad_id)
         keep = completion_mask.size(1)
         with autocast or contextlib.nullcontext():
@@ -30,33 +43,37 @@ def baseline_update(model, samples, pad_id: int, rows: int = 0, autocast=None) -
         ratio = torch.exp(lp - lp.detach())
         per_token = -torch.min(ratio * adv, torch.clamp(ratio, 0.8, 1.28) * adv)
         loss = (per_token * completion_mask).sum() / max(total, 1)
-        loss.backward()
+        backward(loss, n == len(parts) - 1)
         loss_sum += loss.item()
         logps += [row[: len(s[1])].tolist() for row, s in zip(lp.detach(), part, strict=True)]
     return logps, loss_sum
 
 
 def packed_update(model, samples, groups, budget: int, pad_id: int, score: str = "trained", autocast=None,
-                  attn: str | None = None) -> tuple[list, float, int]:
+                  attn: str | None = None, count: int = 0, backward=None) -> tuple[list, float, int]:
     """The packed path: plan, pack, one tree-attention forward per micro-batch, dapo loss, backward.
-    Returns (per-sample completion log-probabilities, loss, forwarded tokens)."""
+    Returns (per-sample completion log-probabilities, loss, forwarded tokens). Sharded: ``count`` pads the
+    plan with empty micro-batches (``packing.pad_microbatches``), ``backward`` as in :func:`baseline_update`."""
     import torch
 
-    from atommem_rl.training.packing import (grpo_loss, microbatch_inputs, packed_logprobs, per_sample_logprobs,
-                                             plan_microbatches, token_weights, tree_samples)
+    from atommem_rl.training.packing import (grpo_loss, microbatch_inputs, packed_logprobs, pad_microbatches,
+                                             per_sample_logprobs, plan_microbatches, token_weights, tree_samples)
 
     trees = tree_samples(samples, groups)
     weights = torch.tensor(token_weights(list(range(len(samples))),
                                          [int(t["completion_mask"].sum()) for t in trees], "token"))
     got: list[list[float]] = [[] for _ in samples]
     loss_sum, forwarded = 0.0, 0
-    for row in plan_microbatches(trees, budget):
+    plan = plan_microbatches(trees, budget)
+    plan = pad_microbatches(plan, max(count, len(plan)))
+    backward = backward or (lambda loss, last: loss.backward())
+    for n, row in enumerate(plan):
         inputs = microbatch_inputs(row, pad_id)
-        forwarded += inputs["forwarded_tokens"]
+        forwarded += inputs["forwarded_tokens"] if row.samples else 0
         with autocast or contextlib.nullcontext():
             lp = packed_logprobs(model, inputs, score=score, attn_implementation=attn)
         loss = grpo_loss(lp.float(), inputs, weights, epsilon_low=0.2, epsilon_high=0.28)
-        loss.backward()
+        backward(loss, n == len(plan) - 1)
         loss_sum += loss.item()
         for i, v in enumerate(per_sample_logprobs(lp.detach().float(), inputs, len(samples))):
             got[i] += v
