@@ -10,6 +10,7 @@
 #   fsdp2  GRPO, 2 ranks under FSDP2 (recipes/accelerate/fsdp2_cpu.yaml with the rehearsal switch
 #          ATOMMEM_REHEARSE_FSDP_ON_CPU=1, atommem_rl/training/fsdp_cpu.py), the packed update in several
 #          micro-batches per step: the same episodes and update as `single`
+#   fsdp2_resume  the fsdp2 job's sharded checkpoint-1 reloaded under FSDP2 and resumed to step 2 (server mode)
 #   ppo    PPO, 2 ranks, DDP, gradient_accumulation_steps 2, critic_epochs 1, 2 steps, a checkpoint per step;
 #          then (no Slurm, HF generation) the run resumed from its checkpoint-1 to step 3 on 2 ranks
 # accelerate 1.15 selects FSDP only on top of a multi-accelerator distributed type, so the fsdp2 job sets it
@@ -118,6 +119,13 @@ job single 1 recipes/accelerate/cpu_2proc.yaml "$GRPO" --per_device_train_batch_
 # a budget below the longest sample: several packed micro-batches per micro-step, each a gather under FSDP2
 ATOMMEM_REHEARSE_FSDP_ON_CPU=1 job fsdp2 2 recipes/accelerate/fsdp2_cpu.yaml "$GRPO" --per_device_train_batch_size 2 \
   --max_steps 1 --save_steps 1 --max_tokens_per_microbatch 1500
+# its sharded checkpoint-1 (policy and optimizer shards) reloads under FSDP2 and resumes to step 2, server mode
+if [ -d "$DIR/fsdp2/run/checkpoint-1" ]; then
+  mkdir -p "$DIR/fsdp2_resume/run" && cp -r "$DIR/fsdp2/run/checkpoint-1" "$DIR/fsdp2_resume/run/"
+  ATOMMEM_REHEARSE_FSDP_ON_CPU=1 job fsdp2_resume 2 recipes/accelerate/fsdp2_cpu.yaml "$GRPO" \
+    --per_device_train_batch_size 2 --max_steps 2 --save_steps 1 --max_tokens_per_microbatch 1500 \
+    --resume_from_checkpoint true
+fi
 PPO_ARGS=(--per_device_train_batch_size 2 --gradient_accumulation_steps 2 --critic_epochs 1 --save_steps 1)
 job ppo 2 recipes/accelerate/cpu_2proc.yaml recipes/quickstart/ppo.yaml "${PPO_ARGS[@]}" --max_steps 2
 # the 2-rank checkpoint-1 reloads and resumes (no server: HF generation)
@@ -201,16 +209,16 @@ def close(a, b):
         full += int(both.sum()); off += int((diff > 1e-6).sum())
     return full > 0 and off <= 1e-3 * full and abs(n_a - n_b) <= 1e-3 * max(n_a, n_b)
 
-mismatched = sum(l.get("mismatched", 0) for n in ("ddp", "single", "fsdp2", "ppo") for l in lines(n))
-for n in ("ddp", "single", "fsdp2", "ppo", "resume"):  # a CompletionMismatch raised in a job counts too
+mismatched = sum(l.get("mismatched", 0) for n in ("ddp", "single", "fsdp2", "fsdp2_resume", "ppo") for l in lines(n))
+for n in ("ddp", "single", "fsdp2", "fsdp2_resume", "ppo", "resume"):  # a CompletionMismatch raised in a job counts too
     for f in list(d.glob(f"slurm-{n}-*.out")) + [d / f"{n}.out"]:
         if f.exists() and "CompletionMismatch" in f.read_text(errors="replace"):
             mismatched += 1
 steps_per_rank = {}
 for l in lines("ddp"):
     steps_per_rank[l["rank"]] = steps_per_rank.get(l["rank"], 0) + sum(e["steps"] for e in l["episodes"])
-rounds = {n: {l["rank"]: l["rounds"] for l in lines(n) if "rounds" in l} for n in ("ddp", "fsdp2", "ppo")}
-passes = {n: {l["rank"]: l["passes"] for l in lines(n) if "passes" in l} for n in ("ddp", "fsdp2", "ppo")}
+rounds = {n: {l["rank"]: l["rounds"] for l in lines(n) if "rounds" in l} for n in ("ddp", "fsdp2", "fsdp2_resume", "ppo")}
+passes = {n: {l["rank"]: l["passes"] for l in lines(n) if "passes" in l} for n in ("ddp", "fsdp2", "fsdp2_resume", "ppo")}
 passes_equal = all(len(p) == 2 and p[0] == p[1] and p[0].get("policy", {}).get("backward", 0) > 0 for p in passes.values())
 rounds_equal = all(len(r) == 2 and len(set(r.values())) == 1 for r in rounds.values())
 wd, ws, wf = (weights(d / n / "run" / "model.safetensors") for n in ("ddp", "single", "fsdp2"))
@@ -226,9 +234,17 @@ def norms_agree(a, b):
     return None not in (a, b) and abs(a - b) <= 1e-3 * abs(b)
 grad_norms_agree = norms_agree(grad_norms[0], grad_norms[1])
 fsdp_packed = [h.get("packing/microbatches") for h in history(d / "fsdp2" / "run")]
+fsdp_resumed = False  # from the sharded checkpoint-1 to step 2, and the step-2 update moved the weights
+fsdp_summary = d / "fsdp2_resume" / "run" / "grpo_summary.json"
+if ok("fsdp2_resume") and fsdp_summary.exists():
+    s = json.loads(fsdp_summary.read_text())
+    w1, w2 = (weights(d / "fsdp2" / "run" / "model.safetensors"), weights(d / "fsdp2_resume" / "run" / "model.safetensors"))
+    fsdp_resumed = (s.get("global_step") == 2 and str(s.get("resume_checkpoint", "")).endswith("checkpoint-1")
+                    and w1 is not None and w2 is not None and w1.keys() == w2.keys()
+                    and max((w2[k] - w1[k]).abs().max().item() for k in w1) > 1e-4)
 fsdp2 = {"ranks": 2, "exit": jobs.get("fsdp2", {}).get("exit"), "same_episodes_as_single": fsdp_same_eps,
          "matches_single_process": fsdp_same_eps and close(wf, ws) and norms_agree(grad_norms[2], grad_norms[1]),
-         "packed_microbatches_logged": fsdp_packed,
+         "packed_microbatches_logged": fsdp_packed, "resumed_from_checkpoint": fsdp_resumed,
          "switch": "ATOMMEM_REHEARSE_FSDP_ON_CPU=1 (accelerate enables FSDP only over accelerators)"}
 c0 = weights(d / "ppo" / "run" / "checkpoint-1" / "critic" / "model.safetensors")
 c_end = weights(d / "ppo" / "run" / "critic" / "model.safetensors")
@@ -246,7 +262,7 @@ report = {
     "ranks": 2,
     "modes": [m for m in ("ddp", "fsdp2") if ok(m)],
     "fsdp2": fsdp2,
-    "episodes": sum(len(l["episodes"]) for n in ("ddp", "single", "fsdp2", "ppo", "resume") for l in lines(n)),
+    "episodes": sum(len(l["episodes"]) for n in ("ddp", "single", "fsdp2", "fsdp2_resume", "ppo", "resume") for l in lines(n)),
     "mismatched_completions": mismatched,
     "hangs": hangs,
     "weights_moved": moved(wd) and moved(ws),
@@ -269,7 +285,7 @@ report = {
     "slurm_jobs": jobs,
     "seconds": seconds,
 }
-good = (report["modes"] == ["ddp", "fsdp2"] and ok("single") and fsdp2["matches_single_process"] and mismatched == 0 and hangs == 0 and report["weights_moved"]
+good = (report["modes"] == ["ddp", "fsdp2"] and ok("single") and fsdp2["matches_single_process"] and fsdp_resumed and mismatched == 0 and hangs == 0 and report["weights_moved"]
         and report["matches_single_process"] and passes_equal and rounds_equal and len(set(steps_per_rank.values())) > 1
         and ok("ppo") and critic_moved and moved(wp) and resumed)
 report["ok"] = bool(good)
