@@ -112,6 +112,19 @@ def test_overrides_win_and_unknown_overrides_fail(tmp_path):
         load_recipe(_sft_cls(), rec, ["--demo_policy", "nobody"])
 
 
+def test_mapping_overrides_read_as_a_recipe_writes_them(tmp_path):
+    """--env_config / --demo_policy_kwargs on the command line: JSON or YAML flow, the form recipe files use."""
+    rec = tmp_path / "sft.yaml"
+    rec.write_text("use_cpu: true\nbf16: false\nreport_to: none\n")
+    for text in ('{"chunk_tokens": 64, "questions": "hidden"}', "{chunk_tokens: 64, questions: hidden}"):
+        config = load_recipe(_sft_cls(), rec, ["--env_config", text])
+        assert config.env_config == {"chunk_tokens": 64, "questions": "hidden"}, text
+    assert load_recipe(_sft_cls(), rec, ["--demo_policy_kwargs", "{seed: 3}"]).demo_policy_kwargs == {"seed": 3}
+    for text in ("{chunk_tokens: [", "[1, 2]"):  # malformed, not a mapping: one error naming the field
+        with pytest.raises(RecipeError, match="env_config must be a mapping"):
+            load_recipe(_sft_cls(), rec, ["--env_config", text])
+
+
 def test_missing_and_malformed_recipe(tmp_path):
     with pytest.raises(RecipeError, match="recipe not found"):
         load_recipe(_sft_cls(), tmp_path / "nope.yaml")

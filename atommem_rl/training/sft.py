@@ -39,7 +39,7 @@ from pathlib import Path
 from trl import ModelConfig, SFTConfig
 
 from .recipes import CHECKPOINTS, parse_recipe_args
-from .task_source import TaskSource, load_train_tasks, resolve_path
+from .task_source import TaskSource, load_train_tasks, parse_mapping, resolve_path
 
 DEMO_POLICIES = ("oracle", "model")
 
@@ -91,10 +91,9 @@ class SFTRecipeConfig(SFTConfig, ModelConfig, TaskSource):
         if self.run_name is None:
             self.run_name = Path(self.output_dir).parent.name
         if isinstance(self.demo_policy_kwargs, str):
-            try:
-                self.demo_policy_kwargs = json.loads(self.demo_policy_kwargs)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"demo_policy_kwargs must be a mapping or JSON object: {exc}") from None
+            self.demo_policy_kwargs = parse_mapping("demo_policy_kwargs", self.demo_policy_kwargs)
+        if self.demo_policy_kwargs is not None and not isinstance(self.demo_policy_kwargs, dict):
+            raise ValueError("demo_policy_kwargs must be a mapping")
         TaskSource.__post_init__(self)
         if self.demo_policy not in DEMO_POLICIES:
             raise ValueError(f"demo_policy must be one of {DEMO_POLICIES}, got {self.demo_policy!r}")

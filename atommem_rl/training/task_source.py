@@ -17,6 +17,18 @@ from ..tasks.synth import generate_tasks
 REPO = Path(__file__).resolve().parents[2]
 
 
+def parse_mapping(name: str, text: str):
+    """A mapping given on the command line: JSON or YAML flow (``{chunk_tokens: 256}``), as a recipe file
+    writes it. Anything else is left to the caller's type check."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{name} must be a mapping (JSON or YAML flow, e.g. '{{chunk_tokens: 256}}'): "
+                         f"{str(exc).splitlines()[0]}") from None
+
+
 @dataclass
 class TaskSource:
     tasks: str | None = field(default=None, metadata={"help": "Tasks JSONL; when unset, synthetic tasks are made."})
@@ -27,14 +39,12 @@ class TaskSource:
     synth_confounders: int = field(default=2, metadata={"help": "Confounders per question."})
     synth_seed: int = field(default=0, metadata={"help": "Seed of the synthetic tasks."})
     env_config: dict | str | None = field(
-        default=None, metadata={"help": "Environment keyword arguments (mapping or JSON), e.g. chunk_tokens."})
+        default=None, metadata={"help": "Environment keyword arguments (a mapping: JSON or YAML flow, as in a "
+                                        "recipe: '{chunk_tokens: 256}'), e.g. chunk_tokens."})
 
     def __post_init__(self):
         if isinstance(self.env_config, str):
-            try:
-                self.env_config = json.loads(self.env_config)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"env_config must be a mapping or JSON object: {exc}") from None
+            self.env_config = parse_mapping("env_config", self.env_config)
         if self.env_config is not None and not isinstance(self.env_config, dict):
             raise ValueError("env_config must be a mapping")
         if self.synth_kind not in ("documents", "dialogue"):
