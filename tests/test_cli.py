@@ -70,6 +70,8 @@ def test_bench_memory_json_contract():
         assert fig["ratio"] > 0
     (rwr,) = result["rwr"]
     assert rwr["nodes"] == 400 and rwr["ours_ms"] > 0 and rwr["networkx_ms"] > 0 and rwr["speedup"] > 0
+    # progress on stderr while it runs (stdout is the JSON alone)
+    assert "bench memory: 120 atoms: done in" in out.stderr and "on 400 nodes" in out.stderr
 
 
 def test_bad_arguments_are_clear_errors():

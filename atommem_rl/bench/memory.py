@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import statistics
+import sys
 import time
 import uuid
 from typing import Callable
@@ -165,8 +166,11 @@ def run(sizes: list[int], repeats: int, rwr_sizes: list[int], seed: int = 0) -> 
     for n in sizes:
         if n < 2 * repeats:
             raise ValueError(f"--sizes {n} is too small for --repeats {repeats} (need >= {2 * repeats})")
+        t0 = time.perf_counter()
+        _progress(f"{n} atoms: filling and timing each operation ({repeats} calls)")
         for op, figures in bench_ops(n, repeats, seed).items():
             ops.setdefault(op, []).append(figures)
+        _progress(f"{n} atoms: done in {time.perf_counter() - t0:.0f} s")
     result: dict = {
         # DESIGN.md's stable shape is {"ops": {"<op>": {...}}}: the largest size is that entry and
         # every size is listed under "by_size".
@@ -177,8 +181,15 @@ def run(sizes: list[int], repeats: int, rwr_sizes: list[int], seed: int = 0) -> 
     if rwr_sizes:
         from ..memory import graph
 
-        result["rwr"] = [graph.bench_rwr(n, seed=seed) for n in rwr_sizes]
+        for n in rwr_sizes:
+            _progress(f"random walk with restart on {n} nodes against networkx")
+            result["rwr"].append(graph.bench_rwr(n, seed=seed))
     return result
+
+
+def _progress(text: str) -> None:
+    """A line on stderr while the bench runs (stdout holds only the figures)."""
+    print(f"bench memory: {text}", file=sys.stderr, flush=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
