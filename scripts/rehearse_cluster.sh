@@ -192,7 +192,7 @@ def close(a, b):
     """The one-step update of 2 ranks against 1 process. Adam's first step moves a weight by lr * g / (|g| + eps):
     +-lr wherever |g| >> eps (the 'full' steps), and anything below where |g| is near eps. There a gradient that is
     a cancellation of larger terms keeps a relative float-order error of ~1e-3 (2 ranks sum in another order), which
-    the step amplifies (measured on an AVX2 EPYC: 45,728 of 1.6M weights, all but 21 of them off their full step).
+    the step amplifies (measured on a Zen 4 EPYC, fp32: 45,728 of 1.6M weights, all but 21 of them off their full step).
     So: every weight that took its full step in both runs within 1e-4 and all but 0.1% of them within 1e-6 (test_
     distributed's tolerance), and as many full steps in both runs within 0.1%; the scale of the update, which Adam's
     full steps do not show, is checked on the logged gradient norm (``grad_norms_agree``)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..commands import at_most, seed_int, unit_float
 
@@ -48,8 +49,11 @@ def main(args) -> int:
                            batch_size=args.gen_batch_size)
     s = ExtractSettings(max_new_tokens=args.max_new_tokens, max_retries=args.max_retries)
     t0 = time.perf_counter()
+    print(f"bench extractor: {len(tasks)} tasks x {args.docs} sessions through {backend.model_name} ({args.backend}, "
+          f"batches of {args.gen_batch_size}, up to {args.max_new_tokens} tokens per reply)", file=sys.stderr, flush=True)
     results = extract_tasks(tasks, backend, s)
     seconds = time.perf_counter() - t0
+    print(f"bench extractor: extracted in {seconds:.0f} s; scoring", file=sys.stderr, flush=True)
     figures = score(results, golds, args.min_f1)
     stats: dict[str, int] = {}
     for res in results:

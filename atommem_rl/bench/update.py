@@ -22,6 +22,8 @@ rounds, medians reported:
 * ``packed``: the same, only trained positions scored, fp32 (the scoring lever);
 * ``packed_bf16``: the same under bf16 autocast, where the CPU has native bf16 (the bf16 lever).
 
+By default ``baseline``, ``packed`` and (with native bf16) ``packed_bf16`` run; ``--variants`` adds ``packed_all``.
+
 ``--scoring`` also times the no-gradient pass a step makes over the same samples when its loss needs the
 reference (KL, ``beta`` > 0) or old-policy (vLLM importance-sampling correction) log-probabilities:
 ``score_rows`` (TRL's padded rows, ``--baseline-rows`` per forward, fp32) against ``score_packed``
@@ -37,7 +39,8 @@ completion token's log-probability and the cosine of the two gradients. Printed 
 with ``packed_s`` the fastest packed variant's median, ``dtype`` its dtype, and every variant's median
 and runs under ``variants``.
 
-    atommem bench update --json                       # SmolLM2-135M, 8 episodes, 5 rounds
+    atommem bench update --json                       # SmolLM2-135M, 4 episodes, 128 tokens, 3 rounds
+    atommem bench update --episodes 8 --max-new-tokens 224 --repeats 5 --json   # the learning-signal batch
     atommem bench update --tiny --repeats 2 --json    # seconds: a random-weight tiny model
     atommem bench update --samples S.json --json      # roll out once into S.json; later runs only time
     atommem bench update --ranks 2 --json             # the sharded side: FSDP2 on 2 ranks (update_sharded.py)
@@ -62,18 +65,20 @@ from .update_samples import LEARNING_SIGNAL_ENV, ROLLOUT_FLAGS, cached_samples, 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="policy folder (default: SmolLM2-135M-Instruct base)")
     parser.add_argument("--tiny", action="store_true", help="a random-weight tiny Llama instead (CI)")
-    parser.add_argument("--episodes", type=at_most(10**4), default=8, help="episodes of the one task, a GRPO group (default 8)")
+    # smaller defaults than the recorded runs' (--episodes 8 --max-new-tokens 224 or 128 --repeats 5: ~25 minutes
+    # on a 2-core CPU); these still took past 11 minutes on a 2-core Zen 4 (TRL's padded rows ~100 s a pass)
+    parser.add_argument("--episodes", type=at_most(10**4), default=4, help="episodes of the one task, a GRPO group (default 4)")
     parser.add_argument("--docs", type=at_most(10**4), default=3, help="documents of the task (default 3)")
     parser.add_argument("--chunk-tokens", type=at_most(10**6), default=256)
-    parser.add_argument("--max-new-tokens", type=at_most(10**5), default=224, help="tokens per step at most (default 224)")
+    parser.add_argument("--max-new-tokens", type=at_most(10**5), default=128, help="tokens per step at most (default 128)")
     parser.add_argument("--temperature", type=nonneg_float, default=0.8, help="rollout sampling temperature (default 0.8)")
     parser.add_argument("--max-tokens", type=at_most(10**8), default=8192,
                         help="packed: unique tokens per micro-batch at most (max_tokens_per_microbatch; default 8192)")
     parser.add_argument("--baseline-rows", type=at_most(10**6, 0), default=0, help="baseline: rows per forward (default 0: all)")
-    parser.add_argument("--repeats", type=at_most(1000), default=5, help="timed rounds of every variant (default 5)")
+    parser.add_argument("--repeats", type=at_most(1000), default=3, help="timed rounds of every variant (default 3)")
     parser.add_argument("--variants", default=None,
-                        help="comma-separated from baseline,packed_all,packed,packed_bf16 (default: all; "
-                             "packed_bf16 only where the CPU has native bf16)")
+                        help="comma-separated from baseline,packed_all,packed,packed_bf16 (default: baseline,packed "
+                             "and packed_bf16 where the CPU has native bf16; packed_all separates the packing lever)")
     parser.add_argument("--gradient-checkpointing", choices=("on", "off"), default="on",
                         help="recompute activations in backward, on both paths (default on, as the recipes: without it "
                              "8 padded rows of ~1.1K tokens of SmolLM2-135M exceed 24 GB)")
@@ -99,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _variants(spec: str | None, bf16: bool) -> list[str]:
     known = ["baseline", "packed_all", "packed", "packed_bf16"]
-    names = [v.strip() for v in spec.split(",") if v.strip()] if spec else known[:3] + (["packed_bf16"] if bf16 else [])
+    names = [v.strip() for v in spec.split(",") if v.strip()] if spec else ["baseline", "packed"] + (["packed_bf16"] if bf16 else [])
     bad = [v for v in names if v not in known]
     if bad or "baseline" not in names or len(names) < 2:
         raise ValueError(f"--variants takes baseline and at least one of packed_all,packed,packed_bf16, got {spec!r}")
