@@ -39,7 +39,7 @@ completion token's log-probability and the cosine of the two gradients. Printed 
 with ``packed_s`` the fastest packed variant's median, ``dtype`` its dtype, and every variant's median
 and runs under ``variants``.
 
-    atommem bench update --json                       # SmolLM2-135M, 4 episodes, 128 tokens, 3 rounds
+    atommem bench update --json                       # SmolLM2-135M, 2 episodes, 128 tokens, 3 rounds
     atommem bench update --episodes 8 --max-new-tokens 224 --repeats 5 --json   # the learning-signal batch
     atommem bench update --tiny --repeats 2 --json    # seconds: a random-weight tiny model
     atommem bench update --samples S.json --json      # roll out once into S.json; later runs only time
@@ -66,8 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="policy folder (default: SmolLM2-135M-Instruct base)")
     parser.add_argument("--tiny", action="store_true", help="a random-weight tiny Llama instead (CI)")
     # smaller defaults than the recorded runs' (--episodes 8 --max-new-tokens 224 or 128 --repeats 5: ~25 minutes
-    # on a 2-core CPU); these still took past 11 minutes on a 2-core Zen 4 (TRL's padded rows ~100 s a pass)
-    parser.add_argument("--episodes", type=at_most(10**4), default=4, help="episodes of the one task, a GRPO group (default 4)")
+    # on a 2-core CPU), so that the defaults finish within 10 minutes there (4 episodes took past 11: TRL's
+    # padded rows ~100 s a pass, 5 passes)
+    parser.add_argument("--episodes", type=at_most(10**4), default=2, help="episodes of the one task, a GRPO group (default 2)")
     parser.add_argument("--docs", type=at_most(10**4), default=3, help="documents of the task (default 3)")
     parser.add_argument("--chunk-tokens", type=at_most(10**6), default=256)
     parser.add_argument("--max-new-tokens", type=at_most(10**5), default=128, help="tokens per step at most (default 128)")
