@@ -71,10 +71,13 @@ def test_layer_writes_in_place_and_survives_replacements():
     before = layer.keys.clone()
     keys, _ = step(1, batch=4)
     assert layer.reallocations == 3 and torch.equal(keys[:, :, :-1], before)
-    layer.batch_select_indices(torch.tensor([3, 0]))
     before = layer.keys.clone()
-    keys, _ = step(1, batch=2)
-    assert layer.reallocations == 4 and torch.equal(keys[:, :, :-1], before)
+    layer.batch_select_indices(torch.tensor([3, 0]))  # rows leaving a batch: gathered into a buffer with room
+    assert torch.equal(layer.keys, before[[3, 0]]) and layer.key_buffer.size(-2) > layer.keys.size(-2)
+    ptr = layer.key_buffer.data_ptr()
+    keys, _ = step(1, batch=2)  # written in place: no second copy
+    assert layer.reallocations == 3 and layer.key_buffer.data_ptr() == ptr
+    assert torch.equal(keys[:, :, :-1], before[[3, 0]])
 
 
 @pytest.mark.parametrize("shared", [0, 40], ids=["plain", "shared-prefix"])

@@ -28,6 +28,7 @@ Printed (``--json``)::
     atommem bench decode --json                          # SmolLM2-135M, 32 rows, 1.4K context, fp32
     atommem bench decode --rows 8 --autocast --json      # a bf16 recipe's GRPO rollout
     atommem bench decode --tiny --json                   # seconds: a random-weight tiny Llama (CI)
+    atommem bench decode --finished 224 --json           # rows ending at different steps (decode_finished.py)
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every row the same prompt (a GRPO group's first round: no padding, so no attention mask)")
     parser.add_argument("--autocast", action="store_true",
                         help="fp32 weights, forward in bf16 autocast as accelerate wraps it; adds grouped_buffered_cast_once")
+    parser.add_argument("--finished", type=at_most(10**5, 2), default=None, metavar="N",
+                        help="instead: rows ending after N/8..N tokens, generate against dropping ended rows")
     parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -84,6 +87,8 @@ def main(args: argparse.Namespace) -> None:
         path = str(tiny_model(tempfile.mkdtemp(prefix="bench-decode-") + "/m", heads=4, kv_heads=2))
     else:
         path = args.model or str(prepare_base_model(BASE_MODEL_DIR))
+    if args.finished and args.autocast:
+        raise SystemExit("bench decode: --finished times the evaluation engine, which has no --autocast here")
     if args.autocast and args.dtype != "float32":
         raise SystemExit("bench decode: --autocast runs fp32 weights; leave --dtype at float32")
     dtype = getattr(torch, args.dtype)
@@ -94,6 +99,15 @@ def main(args: argparse.Namespace) -> None:
         rows = [shared] * args.rows
     else:
         rows = [shared[: max(1, args.context - 2 * i)] + [500 + i] for i in range(args.rows)]
+    if args.finished:
+        from .decode_finished import run
+
+        out = run(args, path, dtype, rows)
+        print(json.dumps(out) if args.json else
+              f"{out['rows']} rows ending after {args.finished // 8}-{args.finished} tokens: generate "
+              f"{out['generate_s']} s, dropping ended rows {out['drop_finished_s']} s ({out['speedup']}x); "
+              f"same tokens {out['same_tokens']}")
+        return
     width = max(map(len, rows))
     ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])

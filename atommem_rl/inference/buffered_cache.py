@@ -8,10 +8,10 @@ SmolLM2-135M at 1.4K tokens: 2 GB of fp32 cache, copied every step).
 ``BufferedLayer`` keeps each layer's keys and values in a buffer with room for ``reserve`` more tokens:
 ``update`` writes the new tokens in place and hands the attention a view of the filled part, so a decode step
 copies nothing. When the buffer is full, or when any other method of the layer has replaced its tensors
-(``batch_repeat_interleave``, ``batch_select_indices``, ``reorder_cache``, ``offload``: they are
-``DynamicLayer``'s own, untouched), the next ``update`` moves the current contents into a new buffer with
-``reserve`` tokens to spare: one copy, as one ``cat`` would have made. ``crop`` is a view of the same buffer
-and keeps it. Everything else is ``DynamicCache``'s, so ``generate`` and the models treat it as one.
+(``batch_repeat_interleave``, ``reorder_cache``, ``offload``: they are ``DynamicLayer``'s own, untouched),
+the next ``update`` moves the current contents into a new buffer with ``reserve`` tokens to spare: one copy,
+as one ``cat`` would have made. ``crop`` is a view of the same buffer and keeps it; ``batch_select_indices``
+(rows leaving a batch) gathers the kept rows into a new buffer with the same room. Everything else is ``DynamicCache``'s, so ``generate`` and the models treat it as one.
 
 Only for models whose layers all use full attention (sliding-window or chunked layers keep their own cache
 types): :func:`cache_for` returns None for the others, and callers then let ``generate`` make its own
@@ -69,6 +69,17 @@ class BufferedLayer(DynamicLayer):
         self.keys = self.key_buffer[:, :, :n + m]
         self.values = self.value_buffer[:, :, :n + m]
         return self.keys, self.values
+
+    def batch_select_indices(self, indices) -> None:
+        """Keep only the rows ``indices`` (a batch whose ended rows leave it): one gather into a new buffer
+        with the same room, where ``DynamicLayer``'s indexing and the next ``update`` would copy twice."""
+        n = self.get_seq_length()
+        if n == 0 or self.key_buffer is None or self.keys.data_ptr() != self.key_buffer.data_ptr():
+            return super().batch_select_indices(indices)
+        self.key_buffer = self.key_buffer.index_select(0, indices)  # the spare room too: one copy, no second
+        self.value_buffer = self.value_buffer.index_select(0, indices)
+        self.keys = self.key_buffer[:, :, :n]
+        self.values = self.value_buffer[:, :, :n]
 
     def reset(self) -> None:
         self.key_buffer = self.value_buffer = None

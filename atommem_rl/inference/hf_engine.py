@@ -13,7 +13,10 @@ evaluation's readers: a reply ends where the model starts another turn).
 The batch's common prompt prefix (the system prompt at least) is prefilled once
 (:mod:`~atommem_rl.inference.shared_prefix`), and a model on ``sdpa`` attention decodes with
 ``sdpa_grouped`` (:mod:`~atommem_rl.inference.grouped_attention`: no copies of the key/value cache per
-step); the rest of the call is ``generate``'s own.
+step). Greedy calls (temperature 0: evaluation, serving) decode with
+:func:`~atommem_rl.inference.compact_decode.greedy_decode`, which stops computing rows that have ended and
+each row at its own limit (``drop_finished=False``: ``generate`` instead, every row until the batch's last
+ends); sampled calls are ``generate``'s own.
 
 ``autocast``: ``"off"`` computes in the weights' dtype; ``"bf16"`` wraps each ``generate`` call in one bf16
 autocast context (fp32 weights cast once per call, softmax and norms kept in fp32: the numerics of a GRPO
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 
+from .compact_decode import greedy_decode
 from .generation import Completion, cut_at_stop
 from .grouped_attention import use_grouped_attention
 from .shared_prefix import generate_shared_prefix
@@ -35,7 +39,8 @@ AUTOCAST_MODES = ("off", "auto", "bf16")  # the ``autocast`` values (module docs
 class HFEngine:
     name = "hf"
 
-    def __init__(self, model, tokenizer, *, stop_at_special_tokens: bool = False, autocast: str = "off"):
+    def __init__(self, model, tokenizer, *, stop_at_special_tokens: bool = False, autocast: str = "off",
+                 drop_finished: bool = True):
         if autocast not in AUTOCAST_MODES:
             raise ValueError(f"autocast must be one of {', '.join(AUTOCAST_MODES)}, got {autocast!r}")
         model.eval()
@@ -44,6 +49,7 @@ class HFEngine:
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.model, self.tokenizer = model, tokenizer
+        self.drop_finished = drop_finished
         self.device = next(model.parameters()).device
         if autocast == "auto":
             import torch
@@ -76,6 +82,13 @@ class HFEngine:
         out: list[Completion | None] = [None] * n
         for s in range(0, n, batch_size):
             part = order[s:s + batch_size]
+            if temperature <= 0 and self.drop_finished:
+                with self._autocast():
+                    rows = greedy_decode(self.model, [prompt_ids[i] for i in part], [limits[i] for i in part],
+                                         self.stops, pad_token_id=pad)
+                for i, kept in zip(part, rows):
+                    out[i] = Completion(tok.decode(kept, skip_special_tokens=True), len(prompt_ids[i]), len(kept), kept)
+                continue
             width = max(len(prompt_ids[i]) for i in part)
             input_ids = torch.tensor([[pad] * (width - len(prompt_ids[i])) + prompt_ids[i] for i in part],
                                      device=self.device)

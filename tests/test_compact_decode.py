@@ -1,0 +1,114 @@
+"""Greedy decoding that drops ended rows (atommem_rl/inference/compact_decode.py): each row's tokens are
+those of greedy ``generate`` cut at the row's first stop token and its own limit, with and without a shared
+prefix, whether rows leave the batch one at a time or all at the end; the rows that ended really leave the
+batch (fewer row-steps than ``generate`` computes); HFEngine gives the same completions either way; bad
+input is refused. Random-weight tiny models (Llama and Qwen3 architectures), fp32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
+def model(request, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    from atommem_rl.models import tiny_model
+
+    path = tiny_model(tmp_path_factory.mktemp(request.param) / "m", arch=request.param, hidden_size=64, layers=2,
+                      heads=4, kv_heads=2, intermediate_size=128)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def rows_with(shared: int, suffixes: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(10, 1000, (shared,), generator=g).tolist()
+    return [prefix + torch.randint(10, 1000, (n,), generator=g).tolist() for n in suffixes]
+
+
+def plain_greedy(model, rows: list[list[int]], new: int) -> list[list[int]]:
+    """Greedy ``generate`` without any stop token: every row runs ``new`` tokens."""
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False, pad_token_id=0, eos_token_id=None)
+    return out[:, width:].tolist()
+
+
+def cut(row: list[int], stops: set[int], limit: int) -> list[int]:
+    row = row[:limit]
+    return row[: next((i + 1 for i, t in enumerate(row) if t in stops), len(row))]
+
+
+@pytest.mark.parametrize("shared", [40, 0], ids=["shared-prefix", "no-prefix"])
+@pytest.mark.parametrize("drop_share", [0.0, 0.25, 1.01], ids=["each-row", "quarter", "never"])
+def test_tokens_equal_greedy_generate_cut_at_stops(model, shared, drop_share):
+    from atommem_rl.inference.compact_decode import greedy_decode
+
+    rows = rows_with(shared, [5, 9, 3, 12, 7, 4], seed=1)
+    ref = plain_greedy(model, rows, 16)
+    # stop tokens taken from the reference so that rows end at different steps: row 0's 3rd token, row 2's 9th
+    stops = {ref[0][2], ref[2][8]}
+    limits = [16, 16, 16, 6, 16, 11]
+    stats: dict = {}
+    got = greedy_decode(model, rows, limits, stops, drop_share=drop_share, stats=stats)
+    want = [cut(r, stops, m) for r, m in zip(ref, limits)]
+    assert got == want
+    assert len({len(w) for w in want}) > 2  # rows really ended at different steps
+    assert stats["kept_tokens"] == sum(map(len, want))
+    assert stats["shared_tokens"] == (shared if shared >= 16 else 0)
+    full = len(rows) * max(map(len, want))  # what generate forwards: every row until the longest ends
+    if drop_share <= 1:
+        assert stats["drops"] >= 1 and stats["row_steps"] < full
+    else:
+        assert stats["drops"] == 0 and stats["row_steps"] == full
+
+
+def test_hf_engine_same_completions_with_and_without_dropping(model):
+    from atommem_rl.inference.hf_engine import HFEngine
+    from atommem_rl.models import base_tokenizer
+
+    tok = base_tokenizer()
+    rows = rows_with(30, [4, 8, 2, 10], seed=2)
+    ref = plain_greedy(model, rows, 12)
+    model.generation_config.eos_token_id = ref[1][3]  # row 1 ends at its 4th token, the rest run on
+    try:
+        dropping = HFEngine(model, tok).generate(rows, [12, 12, 5, 12])
+        plain = HFEngine(model, tok, drop_finished=False).generate(rows, [12, 12, 5, 12])
+    finally:
+        model.generation_config.eos_token_id = None
+    assert [c.token_ids for c in dropping] == [c.token_ids for c in plain]
+    assert [c.completion_tokens for c in dropping] == [len(c.token_ids) for c in plain]
+    assert len(dropping[1].token_ids) <= 4 and len(dropping[2].token_ids) <= 5
+
+
+def test_bad_input_is_refused(model):
+    from atommem_rl.inference.compact_decode import greedy_decode
+
+    assert greedy_decode(model, [], [], {1}) == []
+    with pytest.raises(ValueError, match="limits"):
+        greedy_decode(model, [[1, 2]], [3, 3], {1})
+    with pytest.raises(ValueError, match="at least 1"):
+        greedy_decode(model, [[1, 2]], [0], {1})
+    with pytest.raises(ValueError, match="prompt token"):
+        greedy_decode(model, [[1, 2], []], [3, 3], {1})
+
+
+def test_bench_decode_finished_tiny(capsys):
+    import argparse
+    import json
+
+    from atommem_rl.bench import decode
+
+    parser = argparse.ArgumentParser()
+    decode.add_arguments(parser)
+    decode.main(parser.parse_args(["--tiny", "--rows", "4", "--context", "48", "--finished", "16",
+                                   "--repeats", "1", "--json"]))
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["rows"] == 4 and out["same_tokens"] is True and out["kept_share"] == 0.562
+    assert out["row_steps"]["drop_finished"] < out["row_steps"]["generate"] == 64 and out["drops"] >= 1
+    with pytest.raises(SystemExit, match="autocast"):
+        decode.main(parser.parse_args(["--tiny", "--finished", "16", "--autocast"]))
