@@ -60,6 +60,8 @@ def test_tokens_equal_greedy_generate_cut_at_stops(model, shared, drop_share):
     assert len({len(w) for w in want}) > 2  # rows really ended at different steps
     assert stats["kept_tokens"] == sum(map(len, want))
     assert stats["shared_tokens"] == (shared if shared >= 16 else 0)
+    layers = model.config.num_hidden_layers  # a BufferedCache, written in place: buffers made per layer, not per step
+    assert 0 < stats["cache_reallocations"] <= (2 if shared else 1) * layers
     full = len(rows) * max(map(len, want))  # what generate forwards: every row until the longest ends
     if drop_share <= 1:
         assert stats["drops"] >= 1 and stats["row_steps"] < full
@@ -112,3 +114,47 @@ def test_bench_decode_finished_tiny(capsys):
     assert out["row_steps"]["drop_finished"] < out["row_steps"]["generate"] == 64 and out["drops"] >= 1
     with pytest.raises(SystemExit, match="autocast"):
         decode.main(parser.parse_args(["--tiny", "--finished", "16", "--autocast"]))
+
+
+def test_trainer_generate_with_seeded_noise_drops_rows_and_keeps_each_rows_sample(model):
+    """TRL's generate call under seeded sampling (greedy over per-row Gumbel noise, a hook on the LM head):
+    through shared_prefix_generation with generate_dropping_finished, the completions cut at the first end
+    token (what TRL keeps) equal generate's, and rows left the batch (the hook's seeds followed them)."""
+    from transformers import GenerationConfig
+
+    from atommem_rl.inference.compact_decode import generate_dropping_finished
+    from atommem_rl.inference.shared_prefix import shared_prefix_generation
+    from atommem_rl.training.seeded_sampling import GumbelNoise, warpers
+
+    rows = rows_with(32, [3, 6, 2, 9, 5], seed=3)
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    seeds = [11, 12, 13, 14, 15]
+
+    def run(eos, decode):
+        # as TRL builds it (repetition_penalty 1.0, disable_compile), switched to greedy by seeded sampling
+        config = GenerationConfig(max_new_tokens=14, do_sample=False, eos_token_id=eos, pad_token_id=0,
+                                  repetition_penalty=1.0, disable_compile=True)
+        hook = GumbelNoise(seeds, warpers(temperature=0.9))
+        handle = model.get_output_embeddings().register_forward_hook(hook)
+        stats: list = []
+        try:
+            with torch.no_grad(), shared_prefix_generation(model, stats, decode=decode):
+                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        finally:
+            handle.remove()
+        return out[:, width:].tolist(), stats, hook
+
+    free, _, _ = run([], None)
+    eos = [free[0][2], free[3][6]]
+    want = [cut(r, set(eos), 14) for r in run(eos, None)[0]]
+    got, stats, hook = run(eos, generate_dropping_finished)
+    assert [cut(r, set(eos), 14) for r in got] == want
+    assert len({len(w) for w in want}) > 1 and stats[0]["drops"] >= 1 and len(hook.row_seeds) < len(seeds)
+    assert stats[0]["shared_tokens"] == 32 and stats[0]["forwarded_prompt_tokens"] < stats[0]["prompt_tokens"]
+    # a call generate would run differently (a repetition penalty) is left to generate
+    assert generate_dropping_finished(model, ids, mask, generation_config=GenerationConfig(
+        max_new_tokens=4, do_sample=False, repetition_penalty=1.3)) is None
+    assert generate_dropping_finished(model, ids, mask, generation_config=GenerationConfig(
+        max_new_tokens=4, do_sample=True)) is None

@@ -122,6 +122,8 @@ def test_grpo_trains_and_writes_a_loadable_checkpoint(tiny, tmp_path, scripted_r
     history = json.loads((ckpt / "trainer_state.json").read_text())["log_history"][0]
     for key in ("reward", "episode/steps", "ops/create_per_step", "tools/errors_per_step"):
         assert key in history
+    # seeded sampling is greedy over noised scores, so the rollouts decoded with rows leaving as they end
+    assert history["rollout/decoded_per_kept_token"] >= 1.0
     assert history["episode/steps"] == 2.0  # one chunk step and one answer step per episode
     from atommem_rl.models import load_policy
 

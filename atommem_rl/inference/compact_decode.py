@@ -33,12 +33,15 @@ DROP_SHARE = 0.25  # drop ended rows once they are this share of the batch (each
 
 
 def greedy_decode(model, rows: list[list[int]], limits: list[int], stops, *, pad_token_id: int = 0,
-                  min_prefix: int = MIN_PREFIX, drop_share: float = DROP_SHARE,
+                  min_prefix: int = MIN_PREFIX, drop_share: float = DROP_SHARE, on_drop=None,
                   stats: dict | None = None) -> list[list[int]]:
     """Greedy continuations of the token ``rows``: row i gets at most ``limits[i]`` tokens and ends with
-    the first token in ``stops`` (kept). Returns one list of new token ids per row. ``stats`` (optional)
-    gets ``row_steps`` (rows forwarded summed over decode steps), ``kept_tokens``, ``drops`` and
-    ``shared_tokens`` (the prefix prefilled once)."""
+    the first token in ``stops`` (kept). Returns one list of new token ids per row. ``on_drop`` (optional)
+    is called with the batch rows kept (positions in the batch before the drop) each time rows leave.
+    ``stats`` (optional) gets ``row_steps`` (rows forwarded summed over decode steps), ``kept_tokens``,
+    ``drops``, ``prompt_tokens``, ``shared_tokens`` (the prefix prefilled once) and
+    ``forwarded_prompt_tokens`` and ``cache_reallocations`` (buffers a BufferedCache made: per layer one
+    for the prefix and one for the rows, none per decode step)."""
     import torch
     from transformers import DynamicCache
 
@@ -56,7 +59,9 @@ def greedy_decode(model, rows: list[list[int]], limits: list[int], stops, *, pad
         return out
     stops = set(stops)
     device = next(model.parameters()).device
-    cache = cache_for(model, max(limits)) or DynamicCache(config=model.config)
+    cache = cache_for(model, max(limits))
+    if cache is None:  # not `or`: an empty cache has no layers yet, so it is falsy
+        cache = DynamicCache(config=model.config)
     prefix = min(common_prefix_length(rows), min(len(r) for r in rows) - 1) if n > 1 else 0
     prefix = prefix if prefix >= min_prefix else 0
     ids, mask = shared_prefix_layout(rows, prefix, pad_token_id)  # prefix 0: plain left padding
@@ -86,6 +91,8 @@ def greedy_decode(model, rows: list[list[int]], limits: list[int], stops, *, pad
                 gone = set(ended)
                 keep = torch.tensor([b for b in range(len(live)) if b not in gone], device=device)
                 cache.batch_select_indices(keep)
+                if on_drop is not None:
+                    on_drop(keep.tolist())
                 mask, pos, tokens = mask[keep], pos[keep], tokens[keep]
                 live = [live[b] for b in keep.tolist()]
                 drops += 1
@@ -97,5 +104,55 @@ def greedy_decode(model, rows: list[list[int]], limits: list[int], stops, *, pad
                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
     if stats is not None:
         stats.update(row_steps=row_steps + n, kept_tokens=sum(len(o) for o in out), drops=drops,
-                     shared_tokens=prefix)
+                     prompt_tokens=sum(len(r) for r in rows), shared_tokens=prefix,
+                     forwarded_prompt_tokens=prefix + n * (ids.size(1) - prefix),
+                     cache_reallocations=sum(getattr(layer, "reallocations", 0) for layer in cache.layers))
+    return out
+
+
+# generation-config entries (``to_diff_dict``) under which ``generate`` is plain greedy search: the sampling
+# knobs are inert with do_sample off; anything else (penalties, min lengths, beams, bad words, ...) has a
+# logits processor or a search of its own, and the call goes to ``generate``
+GREEDY_INERT = {"max_new_tokens", "max_length", "pad_token_id", "bos_token_id", "eos_token_id", "do_sample",
+                "temperature", "top_p", "top_k", "min_p", "disable_compile", "transformers_version", "use_cache",
+                "cache_implementation", "_from_model_config"}
+NEUTRAL = {"repetition_penalty": 1.0, "num_beams": 1, "num_return_sequences": 1}  # entries that change nothing
+
+
+def generate_dropping_finished(model, input_ids, attention_mask, stats: dict | None = None, **kwargs):
+    """``model.generate(input_ids, attention_mask, **kwargs)`` through :func:`greedy_decode` when the call is
+    plain greedy search (``generation_config``, or the model's, with nothing in it that ``generate`` would
+    turn into a logits processor, and no other keyword); otherwise None, and the caller runs ``generate``.
+    Returned like ``generate``: the left-padded prompts, then each row's new tokens, padded after its end.
+
+    A forward hook on the LM head sees the batch's rows: rows can leave only if every such hook has
+    ``keep_rows(indices)`` (the trainer's seeded-sampling noise,
+    :class:`~atommem_rl.training.seeded_sampling.GumbelNoise`); otherwise every row stays to the end."""
+    import torch
+
+    from .shared_prefix import strip_left_padding
+
+    config = kwargs.pop("generation_config", None) or model.generation_config
+    kwargs.pop("disable_compile", None)
+    diff = config.to_diff_dict()
+    other = [k for k, v in diff.items() if k not in GREEDY_INERT and NEUTRAL.get(k, object()) != v]
+    if kwargs or other or config.do_sample or not config.max_new_tokens:
+        return None
+    if diff.get("cache_implementation") or diff.get("use_cache") is False:
+        return None
+    stops = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    stops = {t for t in stops if t is not None}
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    head = model.get_output_embeddings()
+    hooks = list(head._forward_hooks.values()) if head is not None else []
+    movable = all(hasattr(h, "keep_rows") for h in hooks)
+    rows = strip_left_padding(input_ids, attention_mask)
+    new = greedy_decode(model, rows, [int(config.max_new_tokens)] * len(rows), stops, pad_token_id=pad,
+                        drop_share=DROP_SHARE if movable else float("inf"),
+                        on_drop=(lambda keep: [h.keep_rows(keep) for h in hooks]) if hooks else None, stats=stats)
+    out = torch.full((len(rows), input_ids.size(1) + max(map(len, new))), pad, dtype=input_ids.dtype,
+                     device=input_ids.device)
+    out[:, :input_ids.size(1)] = input_ids
+    for i, row in enumerate(new):
+        out[i, input_ids.size(1):input_ids.size(1) + len(row)] = torch.tensor(row, dtype=input_ids.dtype)
     return out

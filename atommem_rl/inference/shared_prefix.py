@@ -120,18 +120,25 @@ def generate_shared_prefix(model, input_ids, attention_mask, *, pad_token_id: in
 
 
 @contextlib.contextmanager
-def shared_prefix_generation(model, stats: list | None = None):
+def shared_prefix_generation(model, stats: list | None = None, decode=None):
     """Within this block ``model.generate`` (an instance attribute shadowing the class's method) is
     :func:`generate_shared_prefix`: a caller that owns the ``generate`` call, such as TRL's
     ``_generate_single_turn``, gets the shared prefill without being changed. ``stats`` (optional) gets
-    one dict of counts per call."""
+    one dict of counts per call. ``decode`` (optional): tried first with the same arguments, ``stats``
+    included; its result is used unless it returns None
+    (:func:`~atommem_rl.inference.compact_decode.generate_dropping_finished` for greedy calls)."""
     own = type(model).generate.__get__(model)
 
     def generate(input_ids=None, attention_mask=None, **kwargs):
         if input_ids is None or attention_mask is None:  # not a left-padded token batch: the plain call
             return own(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         counts: dict = {}
-        result = generate_shared_prefix(model, input_ids, attention_mask, stats=counts, generate=own, **kwargs)
+        result = None
+        if decode is not None:
+            result = decode(model, input_ids, attention_mask, stats=counts, **kwargs)
+        if result is None:
+            counts = {}
+            result = generate_shared_prefix(model, input_ids, attention_mask, stats=counts, generate=own, **kwargs)
         if stats is not None:
             stats.append(counts)
         return result

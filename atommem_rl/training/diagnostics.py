@@ -97,8 +97,10 @@ def log_episodes(trainer, mode: str, recs: list[dict], all_returns: torch.Tensor
         **{f"op_{op}": sum((r.get("ops") or {}).get(op, 0) for r in recs) for op in OPS},
         "episodes": len(recs), "steps": n_steps,
         # Hugging Face generate's prompt tokens and those it prefilled (shared_prefix_generation; 0, 0 on vLLM)
-        "prompt_tokens": float(getattr(trainer, "_prefill", (0, 0))[0]),
-        "prefilled_tokens": float(getattr(trainer, "_prefill", (0, 0))[1]),
+        # and, where rows that ended left the batch (compact_decode), rows decoded over decode steps and
+        # tokens kept (0, 0 on generate's own path)
+        **dict(zip(("prompt_tokens", "prefilled_tokens", "decoded_row_steps", "kept_tokens"),
+                   map(float, getattr(trainer, "_prefill", (0, 0, 0, 0))))),
     }
     keys = sorted(local)
     totals = trainer.accelerator.gather(torch.tensor([float(local[k]) for k in keys], device=trainer.accelerator.device))
@@ -115,3 +117,5 @@ def log_episodes(trainer, mode: str, recs: list[dict], all_returns: torch.Tensor
         m[f"ops/{op}_per_step"].append(agg[f"op_{op}"] / steps)
     if agg["prompt_tokens"]:
         m["rollout/prefilled_per_prompt_token"].append(agg["prefilled_tokens"] / agg["prompt_tokens"])
+    if agg["kept_tokens"]:  # 1.0: no row decoded past its end
+        m["rollout/decoded_per_kept_token"].append(agg["decoded_row_steps"] / agg["kept_tokens"])

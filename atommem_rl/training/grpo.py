@@ -127,8 +127,8 @@ class StepwiseGRPOTrainer(ZeroAdvantageLoss, PackedUpdate, GRPOTrainer):
                      batch_size=self.rollout_batch_size or len(tasks), seed=seed, record_prompts=False,
                      on_episode=finished.append)
         policy.drain()
-        self._prefill = (sum(c.get("prompt_tokens", 0) for c in policy.prefill_stats),
-                         sum(c.get("forwarded_prompt_tokens", 0) for c in policy.prefill_stats))
+        self._prefill = tuple(sum(c.get(k, 0) for c in policy.prefill_stats)  # diagnostics.log_episode_stats
+                              for k in ("prompt_tokens", "forwarded_prompt_tokens", "row_steps", "kept_tokens"))
         # records carry the task's key (0..n-1). An attempt that failed on a store outage was
         # restarted under the same key (policy.start reset its steps), and a task skipped after its
         # retries has a record without steps: it scores 0 and gives no samples

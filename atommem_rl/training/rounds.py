@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
+from ..inference.compact_decode import generate_dropping_finished
 from ..inference.shared_prefix import shared_prefix_generation
 from ..policies.base import Policy, PolicyUnavailable
 from .seeded_sampling import mix, seeded_generation, seeded_round_rng
@@ -156,8 +157,10 @@ class TrainerPolicy(Policy):
         """One call of TRL's generation path. With ``seeded_sampling``, Hugging Face ``generate`` gets per-row
         seeds and colocated vLLM a global generator seeded from the round's row seeds (seeded_sampling.py).
         Hugging Face ``generate`` also gets, off DeepSpeed/FSDP, the batch's common prompt prefix prefilled
-        once (shared_prefix_generation: in a first round all G episodes of a task read the same prompt) and,
-        in bf16, weights cast once per call (:func:`generation_autocast`)."""
+        once (shared_prefix_generation: in a first round all G episodes of a task read the same prompt),
+        rows that have ended leave the batch when the call is greedy, as seeded sampling's is
+        (compact_decode.generate_dropping_finished), and, in bf16, weights are cast once per call
+        (:func:`generation_autocast`)."""
         t = self.trainer
         with contextlib.ExitStack() as stack:
             if t.use_vllm and getattr(t.args, "seeded_sampling", False):  # colocated (a server round goes elsewhere)
@@ -167,7 +170,8 @@ class TrainerPolicy(Policy):
                     stack.enter_context(seeded_generation(t, row_seeds))
                 if getattr(t.args, "shared_prefix_generation", False) and not generation_is_collective(t):
                     model = t.accelerator.unwrap_model(t.model)
-                    stack.enter_context(shared_prefix_generation(model, self.prefill_stats))
+                    stack.enter_context(shared_prefix_generation(model, self.prefill_stats,
+                                                                 decode=generate_dropping_finished))
                 stack.enter_context(generation_autocast(t))
             return t._generate_single_turn(prompt_ids, None, {}, 1)
 

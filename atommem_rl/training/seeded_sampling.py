@@ -83,6 +83,10 @@ class GumbelNoise:
     def __init__(self, row_seeds: list[int], warp):
         self.row_seeds, self.warp, self.t = list(row_seeds), warp, 0
 
+    def keep_rows(self, indices: list[int]) -> None:
+        """Rows left the batch (inference/compact_decode.py drops ended ones): keep the others' seeds."""
+        self.row_seeds = [self.row_seeds[i] for i in indices]
+
     def __call__(self, module, inputs, logits: torch.Tensor) -> torch.Tensor:
         scores = logits[:, -1, :].float()
         if len(self.row_seeds) != scores.size(0):
