@@ -1,8 +1,9 @@
 """Greedy decoding that drops ended rows (atommem_rl/inference/compact_decode.py): each row's tokens are
 those of greedy ``generate`` cut at the row's first stop token and its own limit, with and without a shared
 prefix, whether rows leave the batch one at a time or all at the end; the rows that ended really leave the
-batch (fewer row-steps than ``generate`` computes); HFEngine gives the same completions either way; bad
-input is refused. Random-weight tiny models (Llama and Qwen3 architectures), fp32."""
+batch (fewer row-steps than ``generate`` computes); HFEngine gives the same completions either way; the
+trainer's seeded call through shared_prefix_generation too; bad input is refused. (``atommem bench decode
+--finished``: tests/test_grouped_attention.py.) Random-weight tiny models (Llama and Qwen3 architectures), fp32."""
 
 from __future__ import annotations
 
@@ -97,23 +98,6 @@ def test_bad_input_is_refused(model):
         greedy_decode(model, [[1, 2]], [0], {1})
     with pytest.raises(ValueError, match="prompt token"):
         greedy_decode(model, [[1, 2], []], [3, 3], {1})
-
-
-def test_bench_decode_finished_tiny(capsys):
-    import argparse
-    import json
-
-    from atommem_rl.bench import decode
-
-    parser = argparse.ArgumentParser()
-    decode.add_arguments(parser)
-    decode.main(parser.parse_args(["--tiny", "--rows", "4", "--context", "48", "--finished", "16",
-                                   "--repeats", "1", "--json"]))
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["rows"] == 4 and out["same_tokens"] is True and out["kept_share"] == 0.562
-    assert out["row_steps"]["drop_finished"] < out["row_steps"]["generate"] == 64 and out["drops"] >= 1
-    with pytest.raises(SystemExit, match="autocast"):
-        decode.main(parser.parse_args(["--tiny", "--finished", "16", "--autocast"]))
 
 
 def test_trainer_generate_with_seeded_noise_drops_rows_and_keeps_each_rows_sample(model):

@@ -136,7 +136,8 @@ def test_use_grouped_attention_switches_only_sdpa(path):
     assert engine_model.config._attn_implementation == NAME
 
 
-def test_bench_decode_tiny(capsys):
+def bench_decode(capsys, *argv: str) -> dict:
+    """``atommem bench decode --tiny ARGV --repeats 1 --json``, its printed object."""
     import argparse
     import json
 
@@ -144,23 +145,26 @@ def test_bench_decode_tiny(capsys):
 
     parser = argparse.ArgumentParser()
     decode.add_arguments(parser)
-    decode.main(parser.parse_args(["--tiny", "--rows", "4", "--context", "48", "--new-tokens", "3",
-                                   "--repeats", "1", "--json"]))
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    decode.main(parser.parse_args(["--tiny", *argv, "--repeats", "1", "--json"]))
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_bench_decode_tiny(capsys):
+    out = bench_decode(capsys, "--rows", "4", "--context", "48", "--new-tokens", "3")
     assert out["kv_groups"] == 2 and out["rows"] == 4 and out["same_tokens"] is True
     assert out["max_score_diff"] < 1e-4 and set(out["variants"]) == {"sdpa", "grouped", "grouped_buffered"}
     assert all(isinstance(v["ms"], float) and v["same_tokens"] for v in out["variants"].values())  # tiny: ms is noise
 
 
 def test_bench_decode_tiny_autocast(capsys):
-    import argparse
-    import json
-
-    from atommem_rl.bench import decode
-
-    parser = argparse.ArgumentParser()
-    decode.add_arguments(parser)
-    decode.main(parser.parse_args(["--tiny", "--rows", "3", "--context", "40", "--new-tokens", "3",
-                                   "--repeats", "1", "--autocast", "--json"]))
-    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    out = bench_decode(capsys, "--rows", "3", "--context", "40", "--new-tokens", "3", "--autocast")
     assert "grouped_buffered_cast_once" in out["variants"] and out["dtype"].endswith("bf16 autocast")
+
+
+def test_bench_decode_finished_tiny(capsys):
+    """--finished: rows ending after N/8..N tokens, generate against rows leaving the batch (compact_decode)."""
+    out = bench_decode(capsys, "--rows", "4", "--context", "48", "--finished", "16")
+    assert out["rows"] == 4 and out["same_tokens"] is True and out["kept_share"] == 0.562
+    assert out["row_steps"]["drop_finished"] < out["row_steps"]["generate"] == 64 and out["drops"] >= 1
+    with pytest.raises(SystemExit, match="autocast"):
+        bench_decode(capsys, "--finished", "16", "--autocast")
