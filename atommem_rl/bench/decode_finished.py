@@ -37,19 +37,23 @@ def run(args, path: str, dtype, rows: list[list[int]]) -> dict:
     random.Random(args.seed).shuffle(limits)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
     tok = AutoTokenizer.from_pretrained(path)
-    engines = {"generate": HFEngine(model, tok, drop_finished=False), "drop_finished": HFEngine(model, tok)}
-    seconds: dict[str, list[float]] = {k: [] for k in engines}
+    plain = HFEngine(model, tok, drop_finished=False)
+    stops, stats = plain.stops, {}
+
+    def dropping():  # what HFEngine runs for a greedy call by default, with its counts
+        with torch.no_grad():
+            return greedy_decode(model, rows, limits, stops, stats=stats)
+
+    runs = {"generate": lambda: [c.token_ids for c in plain.generate(rows, limits)], "drop_finished": dropping}
+    seconds: dict[str, list[float]] = {k: [] for k in runs}
     tokens = {}
     for r in range(args.repeats):
-        for name, engine in engines.items():
+        for name, call in runs.items():
             t = time.perf_counter()
-            tokens[name] = [c.token_ids for c in engine.generate(rows, limits)]
+            tokens[name] = call()
             seconds[name].append(time.perf_counter() - t)
         print(f"bench decode --finished: round {r + 1}/{args.repeats}: "
               + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in seconds.items()), file=sys.stderr, flush=True)
-    stats: dict = {}
-    with torch.no_grad():  # once more for the counts (not timed)
-        greedy_decode(model, rows, limits, engines["drop_finished"].stops, stats=stats)
     med = {k: statistics.median(v) for k, v in seconds.items()}
     return {"rows": len(rows), "context": max(map(len, rows)), "new_tokens": n, "dtype": str(dtype).split(".")[-1],
             "kept_share": round(sum(limits) / (len(rows) * max(limits)), 3),
