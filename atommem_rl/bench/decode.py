@@ -82,13 +82,13 @@ def main(args: argparse.Namespace) -> None:
     from ..inference.shared_prefix import generate_shared_prefix
     from ..models import BASE_MODEL_DIR, prepare_base_model, tiny_model
 
+    if args.finished and args.autocast:
+        raise SystemExit("bench decode: --finished times the evaluation engine, which has no --autocast here")
     register()
     if args.tiny:
         path = str(tiny_model(tempfile.mkdtemp(prefix="bench-decode-") + "/m", heads=4, kv_heads=2))
     else:
         path = args.model or str(prepare_base_model(BASE_MODEL_DIR))
-    if args.finished and args.autocast:
-        raise SystemExit("bench decode: --finished times the evaluation engine, which has no --autocast here")
     if args.autocast and args.dtype != "float32":
         raise SystemExit("bench decode: --autocast runs fp32 weights; leave --dtype at float32")
     dtype = getattr(torch, args.dtype)
