@@ -1,6 +1,7 @@
 """Greedy decoding that drops ended rows (atommem_rl/inference/compact_decode.py): each row's tokens are
 those of greedy ``generate`` cut at the row's first stop token and its own limit, with and without a shared
-prefix, whether rows leave the batch one at a time or all at the end; the rows that ended really leave the
+prefix, whether rows leave the batch one at a time or all at the end, with the prefix's cache repeated per row
+(``sdpa``) or kept once (``sdpa_grouped``: cascade_attention.py); the rows that ended really leave the
 batch (fewer row-steps than ``generate`` computes); HFEngine gives the same completions either way; the
 trainer's seeded call through shared_prefix_generation too; bad input is refused. (``atommem bench decode
 --finished``: tests/test_grouped_attention.py.) Random-weight tiny models (Llama and Qwen3 architectures), fp32."""
@@ -11,15 +12,24 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen3", "llama-grouped", "qwen3-grouped"])
 def model(request, tmp_path_factory):
+    """-grouped: ``sdpa_grouped`` attention, where the rows attend to one copy of a shared prefix's cache
+    (cascade_attention.py); the references (``generate``) run on the same model."""
     from transformers import AutoModelForCausalLM
 
+    from atommem_rl.inference.grouped_attention import register
     from atommem_rl.models import tiny_model
 
-    path = tiny_model(tmp_path_factory.mktemp(request.param) / "m", arch=request.param, hidden_size=64, layers=2,
+    arch, _, grouped = request.param.partition("-")
+    path = tiny_model(tmp_path_factory.mktemp(request.param) / "m", arch=arch, hidden_size=64, layers=2,
                       heads=4, kv_heads=2, intermediate_size=128)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                attn_implementation=register() if grouped else "sdpa").eval()
+
+
+def grouped(model) -> bool:
+    return model.config._attn_implementation == "sdpa_grouped"
 
 
 def rows_with(shared: int, suffixes: list[int], seed: int = 0) -> list[list[int]]:
@@ -61,8 +71,9 @@ def test_tokens_equal_greedy_generate_cut_at_stops(model, shared, drop_share):
     assert len({len(w) for w in want}) > 2  # rows really ended at different steps
     assert stats["kept_tokens"] == sum(map(len, want))
     assert stats["shared_tokens"] == (shared if shared >= 16 else 0)
+    assert stats["prefix_kv_shared"] == bool(shared and grouped(model))
     layers = model.config.num_hidden_layers  # a BufferedCache, written in place: buffers made per layer, not per step
-    assert 0 < stats["cache_reallocations"] <= (2 if shared else 1) * layers
+    assert 0 < stats["cache_reallocations"] <= (2 if shared and not grouped(model) else 1) * layers
     full = len(rows) * max(map(len, want))  # what generate forwards: every row until the longest ends
     if drop_share <= 1:
         assert stats["drops"] >= 1 and stats["row_steps"] < full
@@ -137,6 +148,7 @@ def test_trainer_generate_with_seeded_noise_drops_rows_and_keeps_each_rows_sampl
     assert [cut(r, set(eos), 14) for r in got] == want
     assert len({len(w) for w in want}) > 1 and stats[0]["drops"] >= 1 and len(hook.row_seeds) < len(seeds)
     assert stats[0]["shared_tokens"] == 32 and stats[0]["forwarded_prompt_tokens"] < stats[0]["prompt_tokens"]
+    assert stats[0]["prefix_kv_shared"] == grouped(model)
     # a call generate would run differently (a repetition penalty) is left to generate
     assert generate_dropping_finished(model, ids, mask, generation_config=GenerationConfig(
         max_new_tokens=4, do_sample=False, repetition_penalty=1.3)) is None

@@ -162,9 +162,11 @@ def test_bench_decode_tiny_autocast(capsys):
 
 
 def test_bench_decode_finished_tiny(capsys):
-    """--finished: rows ending after N/8..N tokens, generate against rows leaving the batch (compact_decode)."""
+    """--finished: rows ending after N/8..N tokens, generate against rows leaving the batch (compact_decode),
+    with the shared prefix's cache per row and kept once (cascade_attention)."""
     out = bench_decode(capsys, "--rows", "4", "--context", "48", "--finished", "16")
     assert out["rows"] == 4 and out["same_tokens"] is True and out["kept_share"] == 0.562
+    assert out["same_tokens_prefix_kv_once"] is True and out["prefix_kv_shared"] is True
     assert out["row_steps"]["drop_finished"] < out["row_steps"]["generate"] == 64 and out["drops"] >= 1
     with pytest.raises(SystemExit, match="autocast"):
         bench_decode(capsys, "--finished", "16", "--autocast")

@@ -105,8 +105,9 @@ def main(args: argparse.Namespace) -> None:
         out = run(args, path, dtype, rows)
         print(json.dumps(out) if args.json else
               f"{out['rows']} rows ending after {args.finished // 8}-{args.finished} tokens: generate "
-              f"{out['generate_s']} s, dropping ended rows {out['drop_finished_s']} s ({out['speedup']}x); "
-              f"same tokens {out['same_tokens']}")
+              f"{out['generate_s']} s, dropping ended rows {out['drop_finished_s']} s ({out['speedup']}x), and with "
+              f"the prefix's cache kept once {out['prefix_kv_once_s']} s ({out['speedup_prefix_kv_once']}x more); "
+              f"same tokens {out['same_tokens']} / {out['same_tokens_prefix_kv_once']}")
         return
     width = max(map(len, rows))
     ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])

@@ -27,25 +27,41 @@ Sampling stays with ``generate`` (its logits processors and the trainer's seeded
 
 from __future__ import annotations
 
+import contextlib
+
+from .cascade_attention import SharedPrefixKV
+from .grouped_attention import NAME as GROUPED
 from .shared_prefix import MIN_PREFIX, common_prefix_length, shared_prefix_layout
 
 DROP_SHARE = 0.25  # drop ended rows once they are this share of the batch (each drop copies the cache once)
 
 
+def attends_grouped(model) -> bool:
+    """Whether ``model`` (or the model inside a PEFT wrapper) runs ``sdpa_grouped`` attention on the calls
+    greedy decoding makes: itself, or as the own implementation a packed-training dispatcher falls back to
+    (``training/tree_attention.py``). Only there can the rows share one copy of the prefix's cache."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    name = getattr(getattr(inner, "config", None), "_attn_implementation", None) or ""
+    return name == GROUPED or name.endswith(f"_else_{GROUPED}")
+
+
 def greedy_decode(model, rows: list[list[int]], limits: list[int], stops, *, pad_token_id: int = 0,
                   min_prefix: int = MIN_PREFIX, drop_share: float = DROP_SHARE, on_drop=None,
-                  stats: dict | None = None) -> list[list[int]]:
+                  stats: dict | None = None, share_prefix_kv: bool = True) -> list[list[int]]:
     """Greedy continuations of the token ``rows``: row i gets at most ``limits[i]`` tokens and ends with
     the first token in ``stops`` (kept). Returns one list of new token ids per row. ``on_drop`` (optional)
     is called with the batch rows kept (positions in the batch before the drop) each time rows leave.
     ``stats`` (optional) gets ``row_steps`` (rows forwarded summed over decode steps), ``kept_tokens``,
     ``drops``, ``prompt_tokens``, ``shared_tokens`` (the prefix prefilled once) and
-    ``forwarded_prompt_tokens`` and ``cache_reallocations`` (buffers a BufferedCache made: per layer one
-    for the prefix and one for the rows, none per decode step)."""
+    ``forwarded_prompt_tokens``, ``cache_reallocations`` (buffers a BufferedCache made: per layer one
+    for the prefix and one for the rows, none per decode step) and ``prefix_kv_shared``.
+    ``share_prefix_kv``: where the model attends with ``sdpa_grouped`` over full-attention layers, the rows
+    attend to one copy of the prefix's keys and values (:mod:`~atommem_rl.inference.cascade_attention`)
+    instead of a copy per row; False repeats it per row (the comparison ``atommem bench decode`` times)."""
     import torch
     from transformers import DynamicCache
 
-    from .buffered_cache import cache_for
+    from .buffered_cache import BufferedCache, cache_for
 
     n = len(rows)
     if len(limits) != n:
@@ -69,8 +85,15 @@ def greedy_decode(model, rows: list[list[int]], limits: list[int], stops, *, pad
     mask = torch.tensor(mask, device=device)
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # masked places get some position; no query reads them
     row_steps = drops = 0
-    with torch.no_grad():
-        if prefix:  # backbone only: no logits for a prefix nobody samples from
+    shared = None
+    with contextlib.ExitStack() as scope, torch.no_grad():
+        if prefix and share_prefix_kv and isinstance(cache, BufferedCache) and attends_grouped(model):
+            # the prefix's keys and values once, apart; the rows' cache and mask cover their own tokens only
+            kept = DynamicCache(config=model.config)
+            model.get_decoder()(input_ids=ids[:1, :prefix], use_cache=True, past_key_values=kept)
+            shared = scope.enter_context(SharedPrefixKV.from_cache(kept).active())
+            mask = mask[:, prefix:]
+        elif prefix:  # backbone only: no logits for a prefix nobody samples from
             model.get_decoder()(input_ids=ids[:1, :prefix], use_cache=True, past_key_values=cache)
             cache.batch_repeat_interleave(n)
         logits = model(input_ids=ids[:, prefix:], attention_mask=mask, position_ids=positions[:, prefix:],
@@ -106,7 +129,8 @@ def greedy_decode(model, rows: list[list[int]], limits: list[int], stops, *, pad
         stats.update(row_steps=row_steps + n, kept_tokens=sum(len(o) for o in out), drops=drops,
                      prompt_tokens=sum(len(r) for r in rows), shared_tokens=prefix,
                      forwarded_prompt_tokens=prefix + n * (ids.size(1) - prefix),
-                     cache_reallocations=sum(getattr(layer, "reallocations", 0) for layer in cache.layers))
+                     cache_reallocations=sum(getattr(layer, "reallocations", 0) for layer in cache.layers),
+                     prefix_kv_shared=shared is not None)
     return out
 
 

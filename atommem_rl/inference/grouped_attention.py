@@ -27,6 +27,8 @@ and Qwen3 models with padding; ``atommem bench decode`` measures the decode step
 
 from __future__ import annotations
 
+from .cascade_attention import active_prefix
+
 NAME = "sdpa_grouped"
 
 
@@ -35,6 +37,9 @@ def sdpa_grouped_attention_forward(module, query, key, value, attention_mask, dr
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    prefix = active_prefix()
+    if prefix is not None:  # rows decoding after a shared prefix kept once (greedy_decode)
+        return prefix.attend(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     groups = getattr(module, "num_key_value_groups", 1)
     if attention_mask is None:  # decoding one token attends to every key: folding needs no mask
         mask_ok = query.size(2) == 1
