@@ -142,3 +142,28 @@ def test_cli_setting_and_policy_kwargs(tmp_path):
                      "--out", str(tmp_path / "bad.jsonl")])
         assert r.rc != 0 and r.exception is None, (bad, r.exception)
         assert msg in r.stderr and r.stderr.strip().count("\n") == 0, (bad, r.stderr)
+
+
+def test_training_stages_and_the_quickstart_make_roam_tasks(tmp_path):
+    """A recipe's ``synth_setting: roam`` (TaskSource) makes the training tasks of this setting, held-out sets
+    from the same distribution with another seed; bad values are refused; the standard setting's phase keys
+    do not name the new fields (runs made before them resume)."""
+    from atommem_rl.pipeline.quickstart import Quickstart, QuickstartConfig
+    from atommem_rl.training.task_source import TaskSource, load_train_tasks, synthetic_tasks
+
+    src = TaskSource(synth_setting="roam", synth_tasks=2, synth_docs=6, synth_questions="2", synth_confounders=1,
+                     synth_changes=2, synth_seed=7)
+    train = load_train_tasks(src)
+    assert [t.id for t in train] == [t.id for t in generate_tasks(2, 7, docs=6, questions=2, confounders=1, changes=2)]
+    assert all(t.meta["setting"] == "roam" and t.meta["changes"] == 2 and t.relations for t in train)
+    held = synthetic_tasks(src, 3, 8)
+    assert len(held) == 3 and not {t.id for t in held} & {t.id for t in train}
+    assert load_train_tasks(TaskSource(synth_tasks=1))[0].meta.get("setting") != "roam"
+    with pytest.raises(ValueError, match="synth_setting"):
+        TaskSource(synth_setting="ROAM")
+    with pytest.raises(ValueError, match="synth_changes"):
+        TaskSource(synth_setting="roam", synth_changes=9)
+    qs = Quickstart(QuickstartConfig(out=str(tmp_path / "qs"), tiny=True))
+    assert "synth_setting" not in qs._task_settings("grpo")
+    roam = Quickstart(QuickstartConfig(out=str(tmp_path / "qr"), tiny=True, grpo_set=["synth_setting=roam"]))
+    assert roam._task_settings("grpo")["synth_setting"] == "roam"

@@ -180,6 +180,8 @@ class Quickstart:
 
         config = self._parsed(stage)
         out = {f.name: getattr(config, f.name) for f in fields(TaskSource) if f.name != "env_config"}
+        if out["synth_setting"] == "standard":  # the keys of runs made before the roam setting existed stay
+            del out["synth_setting"], out["synth_changes"]
         if out["tasks"] and Path(out["tasks"]).is_file():
             out["tasks_sha"] = _file_sha(out["tasks"])
         return out
@@ -202,8 +204,7 @@ class Quickstart:
 
     def phase_data(self) -> dict:
         from atommem_rl.tasks.schema import save_tasks
-        from atommem_rl.tasks.synth import generate_tasks
-        from atommem_rl.training.task_source import load_train_tasks
+        from atommem_rl.training.task_source import load_train_tasks, synthetic_tasks
 
         self.data.mkdir(parents=True, exist_ok=True)
         out = {}
@@ -216,9 +217,7 @@ class Quickstart:
                                      "questions": sum(len(t.questions) for t in tasks)}
             if stage == "grpo":
                 grpo = config
-        held = generate_tasks(self.cfg.heldout_tasks, seed=self.cfg.heldout_seed, kind=grpo.synth_kind,
-                              docs=grpo.synth_docs, questions=grpo.synth_question_range,
-                              confounders=grpo.synth_confounders)
+        held = synthetic_tasks(grpo, self.cfg.heldout_tasks, self.cfg.heldout_seed)  # GRPO's distribution
         train_ids = {json.loads(x)["id"] for s in ("sft", "grpo")
                      for x in (self.data / f"{s}_train.jsonl").read_text().splitlines() if x.strip()}
         clash = train_ids & {t.id for t in held}

@@ -34,6 +34,10 @@ class TaskSource:
     tasks: str | None = field(default=None, metadata={"help": "Tasks JSONL; when unset, synthetic tasks are made."})
     synth_tasks: int = field(default=8, metadata={"help": "Synthetic tasks to generate when tasks is unset."})
     synth_kind: str = field(default="documents", metadata={"help": "documents or dialogue."})
+    synth_setting: str = field(default="standard", metadata={
+        "help": "standard (tasks/synth.py) or roam: observations about the same people accumulate (dated changes, "
+                "paraphrased duplicates, partial facts; tasks/synth_roam.py, docs/benchmarks/roam_setting.md)."})
+    synth_changes: int = field(default=3, metadata={"help": "roam setting: dated changes per attribute, 1-5."})
     synth_docs: int = field(default=6, metadata={"help": "Documents (or sessions) per synthetic task."})
     synth_questions: str = field(default="2", metadata={"help": "Questions per synthetic task: N or LO-HI (1-10)."})
     synth_confounders: int = field(default=2, metadata={"help": "Confounders per question."})
@@ -49,6 +53,10 @@ class TaskSource:
             raise ValueError("env_config must be a mapping")
         if self.synth_kind not in ("documents", "dialogue"):
             raise ValueError(f"synth_kind must be documents or dialogue, got {self.synth_kind!r}")
+        if self.synth_setting not in ("standard", "roam"):
+            raise ValueError(f"synth_setting must be standard or roam, got {self.synth_setting!r}")
+        if not 1 <= self.synth_changes <= 5:
+            raise ValueError(f"synth_changes must be between 1 and 5, got {self.synth_changes}")
         if self.synth_tasks < 1:
             raise ValueError("synth_tasks must be >= 1")
         try:
@@ -65,12 +73,21 @@ def resolve_path(path: str | None) -> str | None:
     return str(REPO / path)
 
 
+def synthetic_tasks(source: TaskSource, n: int, seed: int) -> list[Task]:
+    """``n`` synthetic tasks of ``source``'s settings made with ``seed`` (training sets and held-out sets alike)."""
+    kw = dict(kind=source.synth_kind, docs=source.synth_docs, questions=source.synth_question_range,
+              confounders=source.synth_confounders)
+    if source.synth_setting == "roam":
+        from ..tasks.synth_roam import generate_tasks as roam_tasks
+
+        return roam_tasks(n, seed=seed, changes=source.synth_changes, **kw)
+    return generate_tasks(n, seed=seed, **kw)
+
+
 def load_train_tasks(source: TaskSource) -> list[Task]:
     if source.tasks:
         return load_tasks(resolve_path(source.tasks))
-    return generate_tasks(source.synth_tasks, seed=source.synth_seed, kind=source.synth_kind,
-                          docs=source.synth_docs, questions=source.synth_question_range,
-                          confounders=source.synth_confounders)
+    return synthetic_tasks(source, source.synth_tasks, source.synth_seed)
 
 
 def task_rows(tasks: list[Task]):
