@@ -119,3 +119,16 @@ def test_grouped_attention_answers_through_the_active_prefix():
             merged, _ = sdpa_grouped_attention_forward(module, q, k, v, allowed, scaling=D ** -0.5)
     torch.testing.assert_close(merged, reference(q, pk, pv, k, v, allowed), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(alone, merged)
+
+
+def test_under_bf16_autocast_mixed_dtypes_run_as_sdpa_would():
+    """Under bf16 autocast the rotary embedding leaves queries and keys in fp32 and the values in bf16 (the
+    GRPO rollouts' case): the call runs in bf16, as sdpa does under autocast, and stays close to fp32."""
+    from atommem_rl.inference.cascade_attention import SharedPrefixKV
+
+    q, pk, pv, k, v = tensors(1, seed=3)
+    module = SimpleNamespace(layer_idx=0, num_key_value_groups=H // HKV)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = SharedPrefixKV([pk], [pv.bfloat16()]).attend(module, q, k, v.bfloat16(), own_mask(1), scaling=D ** -0.5)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), reference(q, pk, pv, k, v, own_mask(1)), atol=3e-2, rtol=3e-2)

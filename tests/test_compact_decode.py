@@ -154,3 +154,16 @@ def test_trainer_generate_with_seeded_noise_drops_rows_and_keeps_each_rows_sampl
         max_new_tokens=4, do_sample=False, repetition_penalty=1.3)) is None
     assert generate_dropping_finished(model, ids, mask, generation_config=GenerationConfig(
         max_new_tokens=4, do_sample=True)) is None
+
+
+def test_bf16_autocast_decodes_with_the_prefix_kept_once(model):
+    """The GRPO rollouts and the bf16 evaluation decode under bf16 autocast: with the prefix's cache kept once
+    (sdpa_grouped) the tokens are those of the per-row copy."""
+    from atommem_rl.inference.compact_decode import greedy_decode
+
+    rows = rows_with(24, [3, 7, 5], seed=4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        once, stats = greedy_decode(model, rows, [8, 8, 8], set(), stats=(s := {})), s
+        repeated = greedy_decode(model, rows, [8, 8, 8], set(), share_prefix_kv=False)
+    assert stats["prefix_kv_shared"] == grouped(model)
+    assert once == repeated

@@ -88,9 +88,12 @@ class SharedPrefixKV:
         b, h, length, d = query.shape
         hkv, s = key.size(1), key.size(2)
         groups = h // hkv
-        pk, pv = self.keys[layer], self.values[layer]
-        if pk.size(1) != hkv or pk.dtype != key.dtype:
-            pk, pv = pk.to(key.dtype), pv.to(value.dtype)
+        # one dtype for the kernel, which autocast does not reach (sdpa is on its list): under bf16 autocast the
+        # rotary embedding leaves queries and keys in fp32 and the values in bf16; sdpa would run all in bf16
+        kind = query.device.type
+        dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+        pk, pv = self.keys[layer].to(dtype), self.values[layer].to(dtype)
         q = query.reshape(b, hkv, groups * length, d)  # heads are key/value-major: h = k * groups + g
         # the prefix: every row's queries in one call, rows folded into the query axis, no mask
         qp = q.transpose(0, 1).reshape(1, hkv, b * groups * length, d)
