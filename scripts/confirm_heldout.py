@@ -50,6 +50,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=6000, help="seed of the fresh held-out tasks (default 6000)")
     p.add_argument("--tasks", type=int, default=256, help="fresh held-out tasks (default 256)")
     p.add_argument("--backend", choices=["hf", "vllm"], default="hf")
+    p.add_argument("--base", action="store_true",
+                   help="also evaluate the run's base model and print SFT - base (the quickstart's other claim)")
     p.add_argument("--out", type=Path, default=None, help="output folder (default RUN/confirm-SEED)")
     p.add_argument("--batch-size", type=int, default=None,
                    help="episodes in flight per generate call (default: the run's evaluation setting, 8); "
@@ -92,6 +94,8 @@ def main() -> int:
         recorded["batch_size"] = args.batch_size
     settings = EvalSettings(**recorded)
     folders = {"checkpoint:sft": args.run / "sft", **grpos}
+    if args.base:
+        folders = {"checkpoint:base": Path(phase(args.run, "model")["result"]["path"]), **folders}
     ckpts = {m: (lambda f=f: make_backend(args.backend, str(f), batch_size=settings.batch_size))
              for m, f in folders.items()}
     evaluate({"synthetic": load_dataset(out / "heldout.jsonl")}, list(ckpts), out, settings=settings,
@@ -99,8 +103,12 @@ def main() -> int:
                  "task_files": {"synthetic": str(out / "heldout.jsonl")}, "backend": args.backend, "trains": False,
                  "checkpoints": {m: str(f) for m, f in folders.items()}, "heldout_seed": args.seed})
 
-    stats = episode_stats(out / "trajectories.jsonl", pairs=[(m, "checkpoint:sft") for m in grpos])
+    pairs = [(m, "checkpoint:sft") for m in grpos] + ([("checkpoint:sft", "checkpoint:base")] if args.base else [])
+    stats = episode_stats(out / "trajectories.jsonl", pairs=pairs)
     result = {"seed": args.seed, "tasks": args.tasks, **stats}
+    if args.base:
+        line = paired_summary(stats["checkpoint:base"]["em"], stats["checkpoint:sft"]["em"], stats["sft - base"]["em"])
+        print(f"checkpoint:sft: held-out EM (seed {args.seed}) against the base {line}")
     for m in grpos:
         line = paired_summary(stats["checkpoint:sft"]["em"], stats[m]["em"], stats[f"{m.split(':')[1]} - sft"]["em"])
         print(f"{m}: held-out EM (seed {args.seed}) {line}")

@@ -13,9 +13,10 @@ rest of the cache once, so it waits until a share of the rows has ended instead 
 every row that ends.
 
 The prompt is prefilled as :func:`~atommem_rl.inference.shared_prefix.generate_shared_prefix` does: the
-batch's common prefix once through the backbone, its cache repeated to every row, then the rows' own
-suffixes in the prefix | padding | suffix layout, positions counted over the unmasked tokens (what
-``generate`` derives from the mask). The key/value cache is a
+batch's common prefix once through the backbone, then the rows' own suffixes in the prefix | padding | suffix
+layout, positions counted over the unmasked tokens (what ``generate`` derives from the mask). On models with
+``sdpa_grouped`` attention the rows then attend to that one copy of the prefix's cache
+(:mod:`~atommem_rl.inference.cascade_attention`); elsewhere it is repeated to every row. The key/value cache is a
 :class:`~atommem_rl.inference.buffered_cache.BufferedCache` (transformers' ``DynamicCache`` for models with
 other layer types).
 
@@ -41,8 +42,8 @@ def attends_grouped(model) -> bool:
     greedy decoding makes: itself, or as the own implementation a packed-training dispatcher falls back to
     (``training/tree_attention.py``). Only there can the rows share one copy of the prefix's cache."""
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    name = getattr(getattr(inner, "config", None), "_attn_implementation", None) or ""
-    return name == GROUPED or name.endswith(f"_else_{GROUPED}")
+    name = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    return isinstance(name, str) and (name == GROUPED or name.endswith(f"_else_{GROUPED}"))
 
 
 def greedy_decode(model, rows: list[list[int]], limits: list[int], stops, *, pad_token_id: int = 0,
