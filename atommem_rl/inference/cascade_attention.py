@@ -54,7 +54,7 @@ class SharedPrefixKV:
             raise ValueError("SharedPrefixKV: one key and one value tensor per layer")
         if any(k.dim() != 4 or k.size(0) != 1 for k in keys):
             raise ValueError("SharedPrefixKV: prefix keys must be (1, heads, length, head_dim)")
-        self.keys, self.values = keys, values
+        self.keys, self.values = list(keys), list(values)
 
     @classmethod
     def from_cache(cls, cache) -> "SharedPrefixKV":
@@ -93,7 +93,9 @@ class SharedPrefixKV:
         kind = query.device.type
         dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else query.dtype
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-        pk, pv = self.keys[layer].to(dtype), self.values[layer].to(dtype)
+        if self.keys[layer].dtype != dtype:  # once per layer, not on every decode step: the prefix does not change
+            self.keys[layer], self.values[layer] = self.keys[layer].to(dtype), self.values[layer].to(dtype)
+        pk, pv = self.keys[layer], self.values[layer]
         q = query.reshape(b, hkv, groups * length, d)  # heads are key/value-major: h = k * groups + g
         # the prefix: every row's queries in one call, rows folded into the query axis, no mask
         qp = q.transpose(0, 1).reshape(1, hkv, b * groups * length, d)
@@ -115,8 +117,8 @@ class SharedPrefixKV:
                 torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(~allowed, float("-inf"))
         out_o, lse_o = _flash(q, key, value, additive, scaling)
         if allowed is not None:  # a query with no own key to attend to (left padding): the kernel says lse 0
-            lse_o = lse_o.masked_fill(~allowed.any(-1).expand_as(lse_o), float("-inf"))
-            out_o = out_o.masked_fill(~allowed.any(-1).expand_as(lse_o).unsqueeze(-1), 0.0)
+            blind = ~allowed.any(-1).expand_as(lse_o)
+            lse_o, out_o = lse_o.masked_fill(blind, float("-inf")), out_o.masked_fill(blind.unsqueeze(-1), 0.0)
         top = torch.maximum(lse_p, lse_o)
         wp, wo = (lse_p - top).exp().unsqueeze(-1), (lse_o - top).exp().unsqueeze(-1)
         out = (out_p.float() * wp + out_o.float() * wo) / (wp + wo)
