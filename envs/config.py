@@ -39,6 +39,9 @@ class EnvConfig:
     max_answer_steps: int | None = field(default=None, metadata={"help": "answer-phase steps (None: questions + 2)"})
     max_steps: int | None = field(default=None, metadata={"help": "total steps (None: chunks + answer steps)"})
     max_episode_tokens: int | None = field(default=None, metadata={"help": "prompt+completion tokens per episode"})
+    answer_max_new_tokens: int | None = field(default=None, metadata={
+        "help": "completion tokens an answer-phase step may take (info['max_new_tokens']; the generator stops "
+                "there, as at its own limit); None: the generator's limit"})
     reward: str = field(default="em", metadata={
         "help": "answer score: em, f1, locomo_f1, judge, or package.module:function (a callable on the episode's "
                 "questions, answers, predictions and episode record; docs/OWN_DATA.md)"})
@@ -92,7 +95,8 @@ class EnvConfig:
 
     # limits where 0 or less means nothing (max_steps=0 used to be read as "unset"); None = no limit
     _AT_LEAST_ONE = ("chunk_tokens", "max_chunks", "max_prompt_tokens", "retrieval_k", "max_calls", "capacity",
-                     "max_answer_steps", "max_steps", "max_episode_tokens", "max_atom_chars", "max_arg_chars")
+                     "max_answer_steps", "max_steps", "max_episode_tokens", "answer_max_new_tokens",
+                     "max_atom_chars", "max_arg_chars")
     _AT_LEAST_ZERO = ("read_budget", "answer_read_budget", "scratchpad_tokens", "write_behind", "exact_below")
     _WEIGHTS = ("format_penalty", "error_penalty", "evidence_bonus", "relation_bonus")
 

@@ -13,7 +13,8 @@ number of Qwen3 ``<tool_call>`` blocks. The calls run in order as one transition
 (unknown tool, bad arguments, unknown handle, budget exhausted, capacity refused) returns an error
 line in the next prompt and leaves the memory exactly as it was. After the last chunk comes the
 answer phase: all pending questions at once (``answer_mode="all"``) or one question per step
-(``"each"``); the policy may read (``answer_read_budget`` per step) and calls ``answer``. Answering
+(``"each"``); the policy may read (``answer_read_budget`` per step) and calls ``answer`` (in at most
+``answer_max_new_tokens`` completion tokens when set: ``info["max_new_tokens"]`` tells the generator). Answering
 every question ends the episode (terminated); ``max_steps``, ``max_answer_steps`` or
 ``max_episode_tokens`` cut it (truncated). The terminal reward is the mean answer score (EM, F1,
 LoCoMo F1 or an LLM judge), plus optional shaping (evidence recall at answer time, relation-label
@@ -373,6 +374,7 @@ class MemoryEnv:
             "results": results,
             "open_questions": [q.id for q in self._pending_questions()] if self.phase == "answer" else [],
             "answer_steps_left": self.max_answer_steps - self.answer_steps,
+            "max_new_tokens": self.config.answer_max_new_tokens if self.phase == "answer" else None,  # for obs's reply
             "tools": self.tool_names,
             "relation_checks": dict(self.relation_checks),
             "evidence_recall": None,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from atommem_rl import scoring
-from atommem_rl.policies.base import Policy, memory_lines, sections
+from atommem_rl.policies.base import Policy, memory_lines, sections, step_token_limit
 from atommem_rl.tasks.schema import Task
 
 from atommem_rl.inference.chat_backends import Backend, Request, RoutedBackend
@@ -34,7 +34,8 @@ class BackendPolicy(Policy):
         self.backend, self.max_new_tokens, self.name = backend, max_new_tokens, name
 
     def act(self, batch):
-        return self.backend.generate([Request(obs, self.max_new_tokens, key) for key, obs, _ in batch])
+        return self.backend.generate([Request(obs, step_token_limit(info, self.max_new_tokens), key)
+                                      for key, obs, info in batch])
 
 
 def env_config(task: Task, s: EvalSettings, backend: Backend | None) -> dict:

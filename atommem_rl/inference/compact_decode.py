@@ -29,6 +29,7 @@ Sampling stays with ``generate`` (its logits processors and the trainer's seeded
 from __future__ import annotations
 
 import contextlib
+from contextvars import ContextVar
 
 from .cascade_attention import SharedPrefixKV
 from .grouped_attention import NAME as GROUPED
@@ -144,11 +145,28 @@ GREEDY_INERT = {"max_new_tokens", "max_length", "pad_token_id", "bos_token_id", 
 NEUTRAL = {"repetition_penalty": 1.0, "num_beams": 1, "num_return_sequences": 1}  # entries that change nothing
 
 
+_ROW_LIMITS: ContextVar[list[int] | None] = ContextVar("atommem_row_token_limits", default=None)
+
+
+@contextlib.contextmanager
+def row_token_limits(limits: list[int]):
+    """Inside, :func:`generate_dropping_finished` ends row i after ``limits[i]`` tokens (or the call's
+    ``max_new_tokens``, whichever is smaller), so a batch mixing answer-phase steps (a short environment limit)
+    with reading steps stops paying for the short rows at their limit. A call with another number of rows
+    ignores it (the caller cuts each row to its limit anyway: this only saves the decode steps)."""
+    token = _ROW_LIMITS.set([int(m) for m in limits])
+    try:
+        yield
+    finally:
+        _ROW_LIMITS.reset(token)
+
+
 def generate_dropping_finished(model, input_ids, attention_mask, stats: dict | None = None, **kwargs):
     """``model.generate(input_ids, attention_mask, **kwargs)`` through :func:`greedy_decode` when the call is
     plain greedy search (``generation_config``, or the model's, with nothing in it that ``generate`` would
     turn into a logits processor, and no other keyword); otherwise None, and the caller runs ``generate``.
     Returned like ``generate``: the left-padded prompts, then each row's new tokens, padded after its end.
+    Rows get their own token limits inside :func:`row_token_limits`.
 
     A forward hook on the LM head sees the batch's rows: rows can leave only if every such hook has
     ``keep_rows(indices)`` (the trainer's seeded-sampling noise,
@@ -172,7 +190,11 @@ def generate_dropping_finished(model, input_ids, attention_mask, stats: dict | N
     hooks = list(head._forward_hooks.values()) if head is not None else []
     movable = all(hasattr(h, "keep_rows") for h in hooks)
     rows = strip_left_padding(input_ids, attention_mask)
-    new = greedy_decode(model, rows, [int(config.max_new_tokens)] * len(rows), stops, pad_token_id=pad,
+    limits = [int(config.max_new_tokens)] * len(rows)
+    own = _ROW_LIMITS.get()
+    if own is not None and len(own) == len(rows):
+        limits = [min(a, b) for a, b in zip(limits, own)]
+    new = greedy_decode(model, rows, limits, stops, pad_token_id=pad,
                         drop_share=DROP_SHARE if movable else float("inf"),
                         on_drop=(lambda keep: [h.keep_rows(keep) for h in hooks]) if hooks else None, stats=stats)
     out = torch.full((len(rows), input_ids.size(1) + max(map(len, new))), pad, dtype=input_ids.dtype,

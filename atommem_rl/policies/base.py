@@ -9,7 +9,7 @@ generation call; scripted policies loop). Each episode is identified by a key:
 
 ``observation`` is the environment's chat messages; ``info`` is the environment's info dict of the
 previous step (its ``results`` restate, in structured form, the "Results of your last action"
-section the prompt shows). Policies return raw assistant text with Qwen3 ``<tool_call>`` blocks.
+section the prompt shows; its ``max_new_tokens``, when set, caps the reply: :func:`step_token_limit`). Policies return raw assistant text with Qwen3 ``<tool_call>`` blocks.
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ class Policy:
 
     def stats(self) -> dict:
         return {}
+
+
+def step_token_limit(info: dict | None, default: int) -> int:
+    """The completion-token limit of the step ``info`` precedes: the generator's own ``default``, or the
+    environment's smaller one (``info["max_new_tokens"]``, set in the answer phase by ``answer_max_new_tokens``)."""
+    env_limit = (info or {}).get("max_new_tokens")
+    return int(default) if env_limit is None else min(int(default), int(env_limit))
 
 
 def calls_text(calls: list[tuple[str, dict]]) -> str:

@@ -34,7 +34,7 @@ from atommem_rl.inference.generation import encode_chat
 from atommem_rl.inference.hf_engine import HFEngine
 from atommem_rl.inference.vllm_engine import MISSING, VLLMEngine, vllm_available
 
-from .base import Policy
+from .base import Policy, step_token_limit
 
 BACKENDS = ("hf", "vllm", "openai")
 
@@ -105,12 +105,13 @@ class ModelPolicy(Policy):
             return []
         self.calls += 1
         prompts = [obs for _, obs, _ in batch]
+        limits = [step_token_limit(info, self.max_new_tokens) for _, _, info in batch]
         t0 = time.perf_counter()
         try:
             if self.backend == "openai":  # EndpointError names the URL
-                done = self.engine.generate(prompts, self.max_new_tokens, temperature=self.temperature)
+                done = self.engine.generate(prompts, limits, temperature=self.temperature)
             else:
-                done = self.engine.generate(self._encode(prompts), self.max_new_tokens, temperature=self.temperature)
+                done = self.engine.generate(self._encode(prompts), limits, temperature=self.temperature)
         finally:
             self.generate_seconds += time.perf_counter() - t0
         self.tokens["prompt"] += sum(c.prompt_tokens for c in done)

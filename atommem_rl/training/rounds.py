@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from accelerate.utils import DistributedType, broadcast_object_list, gather_object
 
-from ..inference.compact_decode import generate_dropping_finished
+from ..inference.compact_decode import generate_dropping_finished, row_token_limits
 from ..inference.shared_prefix import shared_prefix_generation
-from ..policies.base import Policy, PolicyUnavailable
+from ..policies.base import Policy, PolicyUnavailable, step_token_limit
 from .seeded_sampling import mix, seeded_generation, seeded_round_rng
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -153,14 +153,15 @@ class TrainerPolicy(Policy):
         self.ended.append(key)
 
     # -- one round -------------------------------------------------------------------------------
-    def _generate(self, prompt_ids: list[list[int]], row_seeds: list[int]):
+    def _generate(self, prompt_ids: list[list[int]], row_seeds: list[int], limits: list[int] | None = None):
         """One call of TRL's generation path. With ``seeded_sampling``, Hugging Face ``generate`` gets per-row
         seeds and colocated vLLM a global generator seeded from the round's row seeds (seeded_sampling.py).
         Hugging Face ``generate`` also gets, off DeepSpeed/FSDP, the batch's common prompt prefix prefilled
         once (shared_prefix_generation: in a first round all G episodes of a task read the same prompt),
         rows that have ended leave the batch when the call is greedy, as seeded sampling's is
-        (compact_decode.generate_dropping_finished), and, in bf16, weights are cast once per call
-        (:func:`generation_autocast`)."""
+        (compact_decode.generate_dropping_finished; there each row also stops at its own ``limits`` entry,
+        the environment's answer-phase limit), and, in bf16, weights are cast once per call
+        (:func:`generation_autocast`). Other paths generate to ``max_completion_length``; :meth:`act` cuts."""
         t = self.trainer
         with contextlib.ExitStack() as stack:
             if t.use_vllm and getattr(t.args, "seeded_sampling", False):  # colocated (a server round goes elsewhere)
@@ -172,6 +173,8 @@ class TrainerPolicy(Policy):
                     model = t.accelerator.unwrap_model(t.model)
                     stack.enter_context(shared_prefix_generation(model, self.prefill_stats,
                                                                  decode=generate_dropping_finished))
+                if limits is not None:
+                    stack.enter_context(row_token_limits(limits))
                 stack.enter_context(generation_autocast(t))
             return t._generate_single_turn(prompt_ids, None, {}, 1)
 
@@ -186,7 +189,7 @@ class TrainerPolicy(Policy):
         finally:
             config.max_new_tokens, config.min_new_tokens = saved
 
-    def _server_round(self, prompt_ids: list[list[int]], row_seeds: list[int]):
+    def _server_round(self, prompt_ids: list[list[int]], row_seeds: list[int], limits: list[int] | None = None):
         """One round through a vLLM server: (completions, logprobs, whether any rank had prompts)."""
         t = self.trainer
         acc = t.accelerator
@@ -194,7 +197,8 @@ class TrainerPolicy(Policy):
         if t.state.global_step != t._last_loaded_step:  # a collective under ZeRO-3/FSDP: every rank
             vg.sync_weights()
             t._last_loaded_step = t.state.global_step
-        per_rank = gather_object([list(zip(prompt_ids, row_seeds))])  # one entry per rank, any length
+        limits = limits if limits is not None else [int(vg.max_completion_length)] * len(prompt_ids)
+        per_rank = gather_object([list(zip(prompt_ids, row_seeds, limits))])  # one entry per rank, any length
         counts = [len(r) for r in per_rank]
         if sum(counts) == 0:
             return [], None, False
@@ -221,7 +225,7 @@ class TrainerPolicy(Policy):
         mine = slice(start, start + len(prompt_ids))
         return completions[mine], logprobs[mine], True
 
-    def _ask_with_retries(self, vg, items: list[tuple[list[int], int]]) -> tuple[str, Any]:
+    def _ask_with_retries(self, vg, items: list[tuple[list[int], int, int]]) -> tuple[str, Any]:
         """Main process: the round's requests, tried 1 + ``vllm_round_retries`` times (each request bounded by
         ``vllm_request_timeout``, :func:`bound_server_calls`). ("ok", answer) or ("error", one-line message
         naming the server, the step and what failed). Retrying whole rounds repeats no token: every request
@@ -246,17 +250,18 @@ class TrainerPolicy(Policy):
                          "rerun the same command with resume_from_checkpoint: true once the server answers")
 
     @staticmethod
-    def _ask_server(vg, items: list[tuple[list[int], int]]):
-        """Main process: one request per prompt (each with its own seed), sent concurrently."""
+    def _ask_server(vg, items: list[tuple[list[int], int, int]]):
+        """Main process: one request per (prompt, seed, token limit), sent concurrently."""
         params = dict(n=1, repetition_penalty=vg.repetition_penalty, temperature=vg.temperature, top_p=vg.top_p,
                       top_k=vg.top_k, min_p=0.0 if vg.min_p is None else vg.min_p, max_tokens=vg.max_completion_length,
                       logprobs=vg.logprobs, structured_outputs_regex=vg.structured_outputs_regex)
 
         def one(item):
-            prompt, seed = item
+            prompt, seed, limit = item
             # vLLM seeds are 64-bit signed at most
             out = vg.vllm_client.generate(prompts=[prompt], generation_kwargs={**vg.generation_kwargs,
-                                                                               "seed": seed % (2**63 - 1)}, **params)
+                                                                               "seed": seed % (2**63 - 1)},
+                                          **{**params, "max_tokens": int(limit)})
             # per-token top-k logprobs; keep the sampled token's (TRL does the same)
             lps = None if out["logprobs"] is None else [lp[0] for lp in out["logprobs"][0]]
             return out["completion_ids"][0], lps, out["prompt_ids"][0]
@@ -269,13 +274,13 @@ class TrainerPolicy(Policy):
             logprobs = [None] * len(results)
         return completions, logprobs, [r[2] for r in results]
 
-    def _round(self, prompt_ids: list[list[int]], row_seeds: list[int]):
+    def _round(self, prompt_ids: list[list[int]], row_seeds: list[int], limits: list[int] | None = None):
         """Generate this rank's prompts (maybe none) in a round every rank joins:
         (completion ids, sampling logprobs or None, whether any rank had prompts)."""
         t = self.trainer
         self.rounds += 1
         if uses_vllm_server(t):
-            out = self._server_round(prompt_ids, row_seeds)
+            out = self._server_round(prompt_ids, row_seeds, limits)
         elif t.accelerator.num_processes > 1:
             busy = t.accelerator.gather(torch.tensor([int(bool(prompt_ids))], device=t.accelerator.device))
             if int(busy.max()) == 0:
@@ -285,9 +290,9 @@ class TrainerPolicy(Policy):
                     self._throw_away_round()
                 out = [], None, True
             else:
-                out = (*self._generate(prompt_ids, row_seeds), True)
+                out = (*self._generate(prompt_ids, row_seeds, limits), True)
         else:
-            out = (*self._generate(prompt_ids, row_seeds), bool(prompt_ids))
+            out = (*self._generate(prompt_ids, row_seeds, limits), bool(prompt_ids))
         self.generated_prompts += len(prompt_ids)
         return out
 
@@ -301,17 +306,22 @@ class TrainerPolicy(Policy):
                 prompt_ids.append(self.tok.encode(text, add_special_tokens=False))
             # a step's sampling seed: the episode's reset seed and the step's index in the episode
             row_seeds = [mix(self.seed + key, len(self.steps[key])) for key, _, _ in batch]
-            completion_ids, logprobs, _ = self._round(prompt_ids, row_seeds)
+            # the environment's answer-phase limit (answer_max_new_tokens) under max_completion_length
+            limits = [step_token_limit(info, self.trainer.max_completion_length) for _, _, info in batch]
+            completion_ids, logprobs, _ = self._round(prompt_ids, row_seeds, limits)
         except PolicyUnavailable:
             raise
         except Exception as exc:
             t = self.trainer
             raise GenerationFailed(f"generation failed on rank {t.accelerator.process_index} at global step "
                                    f"{t.state.global_step}: {type(exc).__name__}: {exc}") from exc
+        # a row past its limit (a backend that generated to max_completion_length) is cut as generation would
+        # have cut it; it ends without EOS, so mask_truncated_completions treats it as truncated
+        completion_ids = [list(c)[:m] for c, m in zip(completion_ids, limits)]
         texts = self.tok.batch_decode(completion_ids, skip_special_tokens=True)
         for i, (key, _, _) in enumerate(batch):
-            lp = None if logprobs is None or logprobs[i] is None else list(logprobs[i])
-            self.steps[key].append((prompt_ids[i], list(completion_ids[i]), lp))
+            lp = None if logprobs is None or logprobs[i] is None else list(logprobs[i])[:limits[i]]
+            self.steps[key].append((prompt_ids[i], completion_ids[i], lp))
         return texts
 
     def drain(self) -> None:

@@ -45,6 +45,7 @@ def main(out: str, url: str) -> None:
                          sync_weights=lambda: None)
     trainer = SimpleNamespace(
         accelerator=acc, use_vllm=True, vllm_generation=vg, processing_class=tok, _last_loaded_step=3,
+        max_completion_length=vg.max_completion_length,
         args=SimpleNamespace(vllm_mode="server", vllm_request_timeout=TIMEOUT, vllm_round_retries=RETRIES),
         state=SimpleNamespace(global_step=3))
     policy = TrainerPolicy(trainer, seed=0)
