@@ -9,7 +9,8 @@ generation call; scripted policies loop). Each episode is identified by a key:
 
 ``observation`` is the environment's chat messages; ``info`` is the environment's info dict of the
 previous step (its ``results`` restate, in structured form, the "Results of your last action"
-section the prompt shows; its ``max_new_tokens``, when set, caps the reply: :func:`step_token_limit`). Policies return raw assistant text with Qwen3 ``<tool_call>`` blocks.
+section the prompt shows; its ``max_new_tokens``, when set, caps the reply: :func:`step_token_limit`).
+Policies return raw assistant text with Qwen3 ``<tool_call>`` blocks.
 """
 
 from __future__ import annotations
